@@ -1,0 +1,259 @@
+"""Per-execution seccomp filter, installed by the child just before user code runs.
+
+Why a second filter on top of the jail's: the jail's own policy must still allow
+what the fork-server needs to build each child's namespaces (``unshare``,
+``mount``); once a child is set up, user code needs none of that, so this filter
+takes it away. Stdlib only: this module is imported inside the jail, where
+nothing but the standard library is mounted.
+
+The filter is a deny-list returning EPERM (programs get a clean ``OSError``, not
+a mysterious kill), with two special cases: ``clone`` is refused only when it asks
+for new namespaces (plain ``fork``/threads keep working), and ``clone3`` answers
+ENOSYS so that libc falls back to ``clone``, whose flags a filter can inspect.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import platform
+import struct
+
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+_RET_ALLOW = 0x7FFF0000
+_RET_KILL_PROCESS = 0x80000000
+_RET_ERRNO = 0x00050000
+
+_LD_W_ABS = 0x20
+_JEQ_K = 0x15
+_JGE_K = 0x35
+_JSET_K = 0x45
+_RET_K = 0x06
+
+_OFF_NR = 0
+_OFF_ARCH = 4
+_OFF_ARG0_LO = 16  # little-endian low word of args[0]
+
+# CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
+CLONE_NAMESPACE_FLAGS = (
+    0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x00000080
+)
+
+DENIED = [
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "bpf",
+    "perf_event_open",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "userfaultfd",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "acct",
+    "quotactl",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "iopl",
+    "ioperm",
+    "settimeofday",
+    "clock_settime",
+    "adjtimex",
+    "syslog",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "personality",
+    "vhangup",
+    "lookup_dcookie",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+]
+
+# (audit arch, syscall table); numbers from the kernel's uapi headers.
+_X86_64 = (
+    0xC000003E,
+    {
+        "mount": 165,
+        "umount2": 166,
+        "pivot_root": 155,
+        "chroot": 161,
+        "unshare": 272,
+        "setns": 308,
+        "ptrace": 101,
+        "process_vm_readv": 310,
+        "process_vm_writev": 311,
+        "kexec_load": 246,
+        "kexec_file_load": 320,
+        "init_module": 175,
+        "finit_module": 313,
+        "delete_module": 176,
+        "bpf": 321,
+        "perf_event_open": 298,
+        "keyctl": 250,
+        "add_key": 248,
+        "request_key": 249,
+        "userfaultfd": 323,
+        "swapon": 167,
+        "swapoff": 168,
+        "reboot": 169,
+        "acct": 163,
+        "quotactl": 179,
+        "open_by_handle_at": 304,
+        "name_to_handle_at": 303,
+        "iopl": 172,
+        "ioperm": 173,
+        "settimeofday": 164,
+        "clock_settime": 227,
+        "adjtimex": 159,
+        "syslog": 103,
+        "open_tree": 428,
+        "move_mount": 429,
+        "fsopen": 430,
+        "fsconfig": 431,
+        "fsmount": 432,
+        "fspick": 433,
+        "mount_setattr": 442,
+        "personality": 135,
+        "vhangup": 153,
+        "lookup_dcookie": 212,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "clone": 56,
+        "clone3": 435,
+    },
+)
+_AARCH64 = (
+    0xC00000B7,
+    {
+        "mount": 40,
+        "umount2": 39,
+        "pivot_root": 41,
+        "chroot": 51,
+        "unshare": 97,
+        "setns": 268,
+        "ptrace": 117,
+        "process_vm_readv": 270,
+        "process_vm_writev": 271,
+        "kexec_load": 104,
+        "kexec_file_load": 294,
+        "init_module": 105,
+        "finit_module": 273,
+        "delete_module": 106,
+        "bpf": 280,
+        "perf_event_open": 241,
+        "keyctl": 219,
+        "add_key": 217,
+        "request_key": 218,
+        "userfaultfd": 282,
+        "swapon": 224,
+        "swapoff": 225,
+        "reboot": 142,
+        "acct": 89,
+        "quotactl": 60,
+        "open_by_handle_at": 265,
+        "name_to_handle_at": 264,
+        "settimeofday": 170,
+        "clock_settime": 112,
+        "adjtimex": 171,
+        "syslog": 116,
+        "open_tree": 428,
+        "move_mount": 429,
+        "fsopen": 430,
+        "fsconfig": 431,
+        "fsmount": 432,
+        "fspick": 433,
+        "mount_setattr": 442,
+        "personality": 92,
+        "vhangup": 58,
+        "lookup_dcookie": 18,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "clone": 220,
+        "clone3": 435,
+    },
+)
+_TABLES = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}
+
+
+def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def build_filter(machine: str | None = None) -> bytes:
+    """Return the BPF program (raw ``sock_filter`` array) for this machine's arch."""
+    arch, table = _TABLES[(machine or platform.machine()).lower()]
+    eperm = _RET_ERRNO | errno.EPERM
+    prog = [
+        _insn(_LD_W_ABS, 0, 0, _OFF_ARCH),
+        _insn(_JEQ_K, 1, 0, arch),
+        _insn(_RET_K, 0, 0, _RET_KILL_PROCESS),
+        _insn(_LD_W_ABS, 0, 0, _OFF_NR),
+    ]
+    if arch == _X86_64[0]:
+        # x32 ABI numbers alias the same calls with bit 30 set: refuse them all.
+        prog += [_insn(_JGE_K, 0, 1, 0x40000000), _insn(_RET_K, 0, 0, eperm)]
+    for name in DENIED:
+        nr = table.get(name)
+        if nr is not None:
+            prog += [_insn(_JEQ_K, 0, 1, nr), _insn(_RET_K, 0, 0, eperm)]
+    prog += [_insn(_JEQ_K, 0, 1, table["clone3"]), _insn(_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS)]
+    # clone: load flags (args[0]), refuse namespace flags, allow the rest.
+    prog += [
+        _insn(_JEQ_K, 0, 4, table["clone"]),
+        _insn(_LD_W_ABS, 0, 0, _OFF_ARG0_LO),
+        _insn(_JSET_K, 0, 1, CLONE_NAMESPACE_FLAGS),
+        _insn(_RET_K, 0, 0, eperm),
+        _insn(_RET_K, 0, 0, _RET_ALLOW),
+        _insn(_RET_K, 0, 0, _RET_ALLOW),
+    ]
+    return b"".join(prog)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def install(program: bytes) -> None:
+    """Install ``program`` for this process and its descendants (irreversible)."""
+    buf = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
+def drop_capabilities() -> None:
+    """Clear every capability set: the child's own user namespace gave it all of them."""
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()
+    nr_capset = 126 if platform.machine() in ("x86_64", "amd64") else 91
+    if _libc.syscall(nr_capset, header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")

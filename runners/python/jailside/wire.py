@@ -1,0 +1,51 @@
+"""Framing shared by the worker and the code inside the jail (stdlib only).
+
+A frame is ``!II`` (header length, body length), a JSON header, then raw body
+bytes. Program output travels as body bytes so that 1 MiB of stdout costs a
+memcpy, not a base64 round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from typing import Any
+
+PREFIX = struct.Struct("!II")
+MAX_HEADER_BYTES = 1 << 20
+MAX_BODY_BYTES = 256 << 20
+
+
+class WireError(Exception):
+    """The peer closed the stream or sent something that is not a frame."""
+
+
+def encode(header: dict[str, Any], body: bytes = b"") -> bytes:
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return PREFIX.pack(len(head), len(body)) + head + body
+
+
+def decode_prefix(prefix: bytes) -> tuple[int, int]:
+    head_len, body_len = PREFIX.unpack(prefix)
+    if head_len > MAX_HEADER_BYTES or body_len > MAX_BODY_BYTES:
+        raise WireError(f"frame too large: header {head_len} B, body {body_len} B")
+    return head_len, body_len
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise WireError("peer closed the stream")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+    """Blocking read of one frame (used inside the jail)."""
+    head_len, body_len = decode_prefix(_recv_exact(sock, PREFIX.size))
+    header = json.loads(_recv_exact(sock, head_len))
+    body = _recv_exact(sock, body_len) if body_len else b""
+    return header, body

