@@ -51,7 +51,9 @@ def _pct(sorted_ms: list[float], q: float) -> float:
     return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
 
 
-async def _client(mode: str, target: str, loops: int, duration_s: float, warmup_s: float, offset: int, python: str) -> tuple[list[float], int, int]:
+async def _client(
+    mode: str, target: str, loops: int, duration_s: float, warmup_s: float, offset: int, python: str
+) -> tuple[list[float], int, int]:
     import httpx
 
     programs = [p.source for p in b1()]
@@ -158,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             print("sandboxd did not start", file=sys.stderr)
             return 1
     corpus = b1()
-    print(f"corpus: {len(corpus)} programs (B1: HumanEval if installed + MBPP-sanitized); machine: {os.cpu_count()} vCPU")
+    print(
+        f"corpus: {len(corpus)} programs (B1: HumanEval if installed + MBPP-sanitized); machine: {os.cpu_count()} vCPU"
+    )
     print(f"baseline interpreter: {python}; {args.duration:.0f}s measured per level after {args.warmup:.0f}s warm-up")
     rows: list[Level] = []
     try:
@@ -180,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         base = next((r for r in rows if r.concurrency == c and r.mode == "baseline"), None)
         for r in rows:
             if r.concurrency == c and r.mode != "baseline" and base and base.rate:
-                print(f"  c={c:<4} {r.mode:<9} {r.rate / base.rate:5.2f}x throughput, p99 {r.p99_ms:.1f} vs {base.p99_ms:.1f} ms")
+                print(
+                    f"  c={c:<4} {r.mode:<9} {r.rate / base.rate:5.2f}x throughput,"
+                    f" p99 {r.p99_ms:.1f} vs {base.p99_ms:.1f} ms"
+                )
     return 0
 
 

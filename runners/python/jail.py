@@ -5,16 +5,25 @@ as its worker: namespaces (user, pid, mount, net, ipc, uts, cgroup), the network
 namespace (a kernel-wide lock, ~0.5 ms, so never per execution), the cgroup and
 the interpreter start-up (12-18 ms of CPU) are all paid here, off the request
 path. See ``jailside/zygote.py`` for what happens inside.
+
+Worker side of one execution: the zygote hands over the executor's request
+socket and its stdout/stderr pipes; the worker greets the executor (to learn its
+pid through SO_PASSCRED, and open a pidfd on it: kills are race-free), writes the
+request, reads the output with caps, kills at the deadline, and takes the exit
+status from the zygote's report, never from the program.
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
+import collections
 import contextlib
+import json
 import logging
 import os
 import shlex
+import signal
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +77,7 @@ def python_executable(prefix: str) -> str:
     return str(exe)
 
 
-def build_config(cfg: PythonRunnerConfig, hostname: str = "sandbox") -> NsJailConfig:
+def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str = "sandbox") -> NsJailConfig:
     """The jail: empty tmpfs root, read-only system and interpreter, nothing of /run, /var, /home."""
     prefix = cfg.resolved_prefix()
     mounts = [
@@ -119,42 +128,76 @@ def build_config(cfg: PythonRunnerConfig, hostname: str = "sandbox") -> NsJailCo
         seccomp_string=[kafel_policy()],
         exec_bin=Exe(
             path=python_executable(prefix),
-            arg=["-I", "-S", "-B", f"{JAILSIDE_MOUNT}/zygote.py"],
+            arg=["-I", "-S", "-B", f"{JAILSIDE_MOUNT}/zygote.py", mode, str(cfg.tmpfs_mb << 20)],
         ),
     )
 
 
 @dataclass
-class Monitor:
-    """A pre-forked, set-up sandbox waiting for its request (or its session's steps)."""
+class Executor:
+    """A namespaced, locked-down process waiting for its request (or its session's steps)."""
 
+    ex_id: int
     sock: socket.socket
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    host_pid: int | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    out_r: int
+    err_r: int
+    pidfd: int
+    host_pid: int
+    exit: asyncio.Future[dict[str, Any]]
 
-    async def request(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
-        self.writer.write(wire.encode(header, body))
-        await self.writer.drain()
-        return await read_frame(self.reader)
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(self.pidfd, sig)
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.writer.close()
+        for fd in (self.out_r, self.err_r, self.pidfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.out_r = self.err_r = self.pidfd = -1
+        self.sock.close()
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
-    import json
+@dataclass
+class Output:
+    """What one step wrote to stdout and stderr, capped, with the totals."""
 
-    try:
-        prefix = await reader.readexactly(wire.PREFIX.size)
-        head_len, body_len = wire.decode_prefix(prefix)
-        header = json.loads(await reader.readexactly(head_len))
-        body = await reader.readexactly(body_len) if body_len else b""
-    except asyncio.IncompleteReadError as exc:
-        raise wire.WireError("sandbox closed its channel") from exc
-    return header, body
+    cap: int
+    kill_at: int
+    out: bytearray = field(default_factory=bytearray)
+    err: bytearray = field(default_factory=bytearray)
+    out_total: int = 0
+    err_total: int = 0
+
+    def add(self, which: int, chunk: bytes) -> bool:
+        """Keep what fits; return True when the stream went past ``kill_at``."""
+        buf = self.out if which == 1 else self.err
+        room = self.cap - len(buf)
+        if room > 0:
+            buf += chunk[:room]
+        if which == 1:
+            self.out_total += len(chunk)
+            return self.out_total > self.kill_at
+        self.err_total += len(chunk)
+        return self.err_total > self.kill_at
+
+
+async def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+    loop = asyncio.get_running_loop()
+    buf = bytearray()
+    while len(buf) < wire.PREFIX.size:
+        chunk = await loop.sock_recv(sock, 65536)
+        if not chunk:
+            raise wire.WireError("sandbox closed its channel")
+        buf += chunk
+    head_len, body_len = wire.decode_prefix(bytes(buf[: wire.PREFIX.size]))
+    total = wire.PREFIX.size + head_len + body_len
+    while len(buf) < total:
+        chunk = await loop.sock_recv(sock, max(65536, total - len(buf)))
+        if not chunk:
+            raise wire.WireError("sandbox closed its channel")
+        buf += chunk
+    header = json.loads(bytes(buf[wire.PREFIX.size : wire.PREFIX.size + head_len]))
+    return header, bytes(buf[wire.PREFIX.size + head_len : total])
 
 
 async def _recvmsg(sock: socket.socket, bufsize: int, ancsize: int) -> tuple[bytes, list[tuple[int, int, bytes]]]:
@@ -179,33 +222,33 @@ def _wake(fut: asyncio.Future[None]) -> None:
 
 
 class Jail:
-    """A running nsjail + zygote; hands out monitors in the given ``mode``."""
+    """A running nsjail + zygote; hands out executors in the given ``mode``."""
 
-    def __init__(
-        self,
-        name: str,
-        mode: str,
-        cfg: PythonRunnerConfig,
-        cgroup: CgroupGroup,
-        runtime_dir: Path,
-    ) -> None:
+    def __init__(self, name: str, mode: str, cfg: PythonRunnerConfig, cgroup: CgroupGroup, runtime_dir: Path) -> None:
         self.name, self.mode, self.cfg, self.cgroup = name, mode, cfg, cgroup
         self.runtime_dir = runtime_dir
         self.proc: asyncio.subprocess.Process | None = None
         self.ctl: socket.socket | None = None
         self._ctl_buf = bytearray()
         self._fds: list[int] = []
-        self._ctl_lock = asyncio.Lock()  # one fork request/answer on the channel at a time
+        self._spawns: collections.deque[asyncio.Future[tuple[int, list[int]]]] = collections.deque()
+        self._exits: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._reader: asyncio.Task[None] | None = None
         self.starts = 0
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
+        return (
+            self.proc is not None
+            and self.proc.returncode is None
+            and self._reader is not None
+            and not self._reader.done()
+        )
 
     async def start(self) -> None:
         self.runtime_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = self.runtime_dir / f"{self.name}.cfg"
-        cfg_path.write_text(to_textproto(build_config(self.cfg)))
+        cfg_path.write_text(to_textproto(build_config(self.cfg, self.mode)))
         log_path = self.runtime_dir / f"{self.name}.log"
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         # Join the slot's cgroup before exec, without preexec_fn (CPython's slow
@@ -227,6 +270,7 @@ class Jail:
         theirs.close()
         ours.setblocking(False)
         self.ctl = ours
+        self._ctl_buf.clear()
         self.starts += 1
         try:
             header = await asyncio.wait_for(self._next_ctl_frame(), MONITOR_READY_TIMEOUT_S)
@@ -237,11 +281,10 @@ class Jail:
         if header.get("op") != "zygote_ready":
             await self.stop()
             raise SandboxSetupError(f"jail {self.name}: unexpected first message {header}")
+        self._reader = asyncio.create_task(self._read_loop())
 
     async def _next_ctl_frame(self) -> dict[str, Any]:
         """Read one frame from the zygote, collecting any passed file descriptors."""
-        import json
-
         assert self.ctl is not None
         while True:
             if len(self._ctl_buf) >= wire.PREFIX.size:
@@ -261,50 +304,95 @@ class Jail:
                 raise wire.WireError(f"jail {self.name} closed its control channel")
             self._ctl_buf += data
 
-    async def spawn_monitor(self) -> Monitor:
-        """Ask the zygote for one more monitor and wait until it is set up."""
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                msg = await self._next_ctl_frame()
+                op = msg.get("op")
+                if op == "executor":
+                    fds, self._fds = self._fds[:3], self._fds[3:]
+                    fut = self._spawns.popleft() if self._spawns else None
+                    if fut is None or fut.done():
+                        for fd in fds:
+                            os.close(fd)
+                    else:
+                        fut.set_result((int(msg["id"]), fds))
+                elif op == "spawn_error":
+                    fut = self._spawns.popleft() if self._spawns else None
+                    if fut is not None and not fut.done():
+                        fut.set_exception(SandboxSetupError(f"jail {self.name}: {msg.get('error')}"))
+                elif op == "exit":
+                    ex = self._exit_future(int(msg["id"]))
+                    del self._exits[int(msg["id"])]
+                    if not ex.done():
+                        ex.set_result(msg)
+        except (wire.WireError, OSError) as exc:
+            why = SandboxSetupError(f"jail {self.name} ended: {exc}")
+            for fut in [*self._spawns, *self._exits.values()]:
+                if not fut.done():
+                    fut.set_exception(why)
+                    fut.exception()
+            self._spawns.clear()
+            self._exits.clear()
+
+    def _exit_future(self, ex_id: int) -> asyncio.Future[dict[str, Any]]:
+        fut = self._exits.get(ex_id)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._exits[ex_id] = fut
+            fut.add_done_callback(lambda _: None)
+        return fut
+
+    async def spawn(self) -> Executor:
+        """Ask the zygote for one more executor and wait until it is locked down."""
         if self.ctl is None or not self.alive:
             raise SandboxSetupError(f"jail {self.name} is not running")
         loop = asyncio.get_running_loop()
-        async with self._ctl_lock:
-            await loop.sock_sendall(self.ctl, b"f")
-            header = await asyncio.wait_for(self._next_ctl_frame(), MONITOR_READY_TIMEOUT_S)
-            if header.get("op") != "monitor" or not self._fds:
-                raise SandboxSetupError(f"jail {self.name}: zygote sent {header} without a socket")
-            sock = socket.socket(fileno=self._fds.pop(0))
+        fut: asyncio.Future[tuple[int, list[int]]] = loop.create_future()
+        self._spawns.append(fut)
+        await loop.sock_sendall(self.ctl, b"f")
+        ex_id, fds = await asyncio.wait_for(fut, MONITOR_READY_TIMEOUT_S)
+        sock = socket.socket(fileno=fds[0])
         sock.setblocking(False)
-        if self.mode == "session":
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        configure = {"op": "configure", "mode": self.mode, "tmpfs_bytes": self.cfg.tmpfs_mb << 20}
-        host_pid: int | None = None
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        exit_fut = self._exit_future(ex_id)
         try:
-            # BrokenPipe: it failed before reading; its error frame is waiting below.
-            with contextlib.suppress(BrokenPipeError):
-                await loop.sock_sendall(sock, wire.encode(configure))
-            if self.mode == "session":
-                data, anc = await asyncio.wait_for(
-                    _recvmsg(sock, 65536, socket.CMSG_SPACE(12)), MONITOR_READY_TIMEOUT_S
-                )
-                for level, kind, payload in anc:
-                    if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                        host_pid = int.from_bytes(payload[:4], "little", signed=True)
-                reader = asyncio.StreamReader(limit=wire.MAX_BODY_BYTES)
-                reader.feed_data(data)
-            else:
-                reader = asyncio.StreamReader(limit=wire.MAX_BODY_BYTES)
-            protocol = asyncio.StreamReaderProtocol(reader)
-            transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock=sock)
-            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-            ready, _ = await asyncio.wait_for(read_frame(reader), MONITOR_READY_TIMEOUT_S)
+            with contextlib.suppress(BrokenPipeError):  # it failed early; its error frame waits below
+                await loop.sock_sendall(sock, wire.encode({"op": "hello"}))
+            data, anc = await asyncio.wait_for(_recvmsg(sock, 65536, socket.CMSG_SPACE(12)), MONITOR_READY_TIMEOUT_S)
+            host_pid = 0
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    host_pid = int.from_bytes(payload[:4], "little", signed=True)
+            if len(data) < wire.PREFIX.size:
+                raise wire.WireError(f"executor sent {len(data)} bytes instead of its ready frame")
+            head_len, _ = wire.decode_prefix(data[: wire.PREFIX.size])
+            ready = json.loads(data[wire.PREFIX.size : wire.PREFIX.size + head_len])
+            if ready.get("op") != "ready":
+                raise SandboxSetupError(f"jail {self.name}: sandbox set-up failed: {ready.get('error')}")
+            if host_pid <= 0:
+                raise SandboxSetupError(f"jail {self.name}: executor did not report its pid")
+            pidfd = os.pidfd_open(host_pid)
         except (TimeoutError, wire.WireError, OSError) as exc:
             sock.close()
+            for fd in fds[1:]:
+                os.close(fd)
             raise SandboxSetupError(f"jail {self.name}: sandbox set-up failed: {exc!r}") from exc
-        if ready.get("op") != "ready":
+        except SandboxSetupError:
             sock.close()
-            raise SandboxSetupError(f"jail {self.name}: sandbox set-up failed: {ready.get('error')}")
-        return Monitor(sock, reader, writer, host_pid)
+            for fd in fds[1:]:
+                os.close(fd)
+            raise
+        for fd in fds[1:]:
+            os.set_blocking(fd, False)
+        return Executor(ex_id, sock, fds[1], fds[2], pidfd, host_pid, exit_fut)
 
     async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reader
+            self._reader = None
         if self.ctl is not None:
             self.ctl.close()
             self.ctl = None
@@ -317,3 +405,103 @@ class Jail:
                 os.killpg(self.proc.pid, 9)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.proc.wait(), 5)
+
+
+async def run_step(
+    ex: Executor,
+    header: dict[str, Any],
+    body: bytes,
+    timeout_s: float,
+    cap: int,
+    kill_at: int,
+    session: bool,
+    grace_s: float,
+) -> tuple[dict[str, Any], Output]:
+    """Feed one request to ``ex``; collect output; enforce the wall clock and the output cap."""
+    loop = asyncio.get_running_loop()
+    out = Output(cap, kill_at)
+    done: asyncio.Future[None] = loop.create_future()
+    open_fds = {ex.out_r: 1, ex.err_r: 2}
+    killed_by: str | None = None
+    timed_out = False
+
+    def readable(fd: int) -> None:
+        nonlocal killed_by
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            loop.remove_reader(fd)
+            open_fds.pop(fd, None)
+            if not open_fds and not session and not done.done():
+                done.set_result(None)
+            return
+        if out.add(open_fds[fd], chunk) and killed_by is None:
+            killed_by = "output"
+            ex.kill()
+
+    for fd in open_fds:
+        loop.add_reader(fd, readable, fd)
+    step_exit: dict[str, Any] | None = None
+    try:
+        await loop.sock_sendall(ex.sock, wire.encode(header, body))
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(recv_frame(ex.sock)) if session else done
+        deadline = loop.time() + timeout_s
+        interrupted = False
+        while True:
+            wait_on = {waiter, ex.exit}
+            finished, _ = await asyncio.wait(
+                wait_on, timeout=max(0.0, deadline - loop.time()), return_when=asyncio.FIRST_COMPLETED
+            )
+            if waiter in finished and (not session or waiter.exception() is None):
+                if session:
+                    step_exit = waiter.result()[0]
+                break
+            if ex.exit in finished or (session and waiter in finished):
+                break  # the executor died (killed at a limit, or its kernel crashed)
+            timed_out = True
+            if session and not interrupted:
+                ex.kill(signal.SIGINT)  # like a notebook: interrupt first, state survives
+                interrupted = True
+                deadline = loop.time() + grace_s
+                continue
+            killed_by = killed_by or "time"
+            ex.kill()
+            await asyncio.wait({ex.exit}, timeout=MONITOR_READY_TIMEOUT_S)
+            break
+        if session and step_exit is None and not ex.exit.done():
+            await asyncio.wait({ex.exit}, timeout=MONITOR_READY_TIMEOUT_S)
+        if not session:
+            await asyncio.wait({done}, timeout=MONITOR_READY_TIMEOUT_S)
+            await asyncio.wait({ex.exit}, timeout=MONITOR_READY_TIMEOUT_S)  # the zygote's report
+        if session and not waiter.done():
+            waiter.cancel()
+    finally:
+        for fd in list(open_fds):
+            loop.remove_reader(fd)
+            # drain what was written before the step ended
+            while True:
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                out.add(open_fds[fd], chunk)
+    result: dict[str, Any] = {"timed_out": timed_out, "killed_by": killed_by}
+    if step_exit is not None:
+        result.update(exit_code=int(step_exit["exit_code"]), signal=None, alive=True)
+    elif ex.exit.done() and ex.exit.exception() is None:
+        result.update(ex.exit.result(), alive=False)
+    else:
+        result.update(exit_code=None, signal=None, alive=False, lost=True)
+    if result.get("signal") == signal.SIGXCPU or (
+        result.get("signal") == signal.SIGKILL
+        and killed_by is None
+        and float(result.get("cpu_s", 0)) >= int(header["cpu_s"])
+    ):
+        result.update(killed_by="time", timed_out=True)
+    return result, out

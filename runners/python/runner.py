@@ -19,11 +19,11 @@ from typing import Any
 
 from runners.base import StepLimits
 from runners.python.cgroups import CgroupGroup, CgroupRoot, Counters
-from runners.python.jail import Jail, Monitor
+from runners.python.jail import Executor, Jail, Output, run_step
 from runners.python.jailside import wire
 from runners.python.models import PythonAction
 from sandboxd.config import PythonRunnerConfig
-from sandboxd.errors import BadRequest, SandboxSetupError, Saturated, SessionLost, UnknownSession
+from sandboxd.errors import SandboxSetupError, Saturated, SessionLost, UnknownSession
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ SLOT_OVERHEAD_PIDS = 6
 class Slot:
     jail: Jail
     cgroup: CgroupGroup
-    next_monitor: asyncio.Task[Monitor] | None = None
+    next_monitor: asyncio.Task[Executor] | None = None
     memory_bytes: int = 0
     executions: int = 0
 
@@ -46,7 +46,7 @@ class Slot:
 @dataclass
 class Session:
     session_id: str
-    monitor: Monitor
+    monitor: Executor
     cgroup: CgroupGroup
     jail: Jail
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -62,7 +62,7 @@ class PythonRunner:
         self.name = name
         self.free: asyncio.Queue[Slot] = asyncio.Queue()
         self.slots: list[Slot] = []
-        self.session_jails: list[tuple[Jail, CgroupGroup, asyncio.Queue[asyncio.Task[Monitor]]]] = []
+        self.session_jails: list[tuple[Jail, CgroupGroup, asyncio.Queue[asyncio.Task[Executor]]]] = []
         self.sessions: dict[str, Session] = {}
         self.root: CgroupRoot | None = None
         self.stats: dict[str, int] = {
@@ -95,7 +95,7 @@ class PythonRunner:
             zyg = host.child("zygote")
             zyg.set_limits(256 << 20, SLOT_OVERHEAD_PIDS + 4 * (self.cfg.warm_sessions_per_jail + 1))
             jail = Jail(f"sessions{i}", "session", self.cfg, zyg, self.runtime_dir)
-            warm: asyncio.Queue[asyncio.Task[Monitor]] = asyncio.Queue()
+            warm: asyncio.Queue[asyncio.Task[Executor]] = asyncio.Queue()
             self.session_jails.append((jail, host, warm))
             jobs.append(self._start_session_jail(jail, warm))
         await asyncio.gather(*jobs)
@@ -108,14 +108,14 @@ class PythonRunner:
         slot.next_monitor = asyncio.create_task(self._spawn(slot.jail))
         await asyncio.wait([slot.next_monitor])
 
-    async def _start_session_jail(self, jail: Jail, warm: asyncio.Queue[asyncio.Task[Monitor]]) -> None:
+    async def _start_session_jail(self, jail: Jail, warm: asyncio.Queue[asyncio.Task[Executor]]) -> None:
         await jail.start()
         self.stats["jail_starts"] += 1
         for _ in range(self.cfg.warm_sessions_per_jail):
             warm.put_nowait(asyncio.create_task(self._spawn(jail)))
 
-    async def _spawn(self, jail: Jail) -> Monitor:
-        mon = await jail.spawn_monitor()
+    async def _spawn(self, jail: Jail) -> Executor:
+        mon = await jail.spawn()
         self.stats["sandbox_starts"] += 1
         return mon
 
@@ -179,7 +179,7 @@ class PythonRunner:
         finally:
             self.free.put_nowait(slot)
 
-    async def _take_monitor(self, slot: Slot) -> Monitor:
+    async def _take_monitor(self, slot: Slot) -> Executor:
         task = slot.next_monitor
         slot.next_monitor = None
         try:
@@ -205,18 +205,29 @@ class PythonRunner:
         slot.next_monitor = asyncio.create_task(self._spawn(slot.jail))
         before = slot.cgroup.counters()
         try:
-            result, out = await asyncio.wait_for(monitor.request(header, body), limits.timeout_s + MONITOR_GRACE_S)
-        except (TimeoutError, wire.WireError, OSError) as exc:
+            result, out = await run_step(
+                monitor,
+                header,
+                body,
+                limits.timeout_s,
+                header["max_output_bytes"],
+                self.cfg.output_kill_bytes,
+                session=False,
+                grace_s=0.0,
+            )
+        except (wire.WireError, OSError) as exc:
             await slot.jail.stop()  # next _take_monitor restarts it
             raise SandboxSetupError(f"sandbox {slot.jail.name} stopped answering: {exc!r}") from exc
         finally:
             monitor.close()
         slot.executions += 1
-        if result.get("op") == "error":
-            raise BadRequest(f"could not stage the step's files: {result.get('error')}")
+        if result.get("lost"):
+            raise SandboxSetupError(f"sandbox {slot.jail.name}: its jail ended mid-step")
         return self._observation(result, out, before, slot.cgroup.counters())
 
-    def _observation(self, r: dict[str, Any], out: bytes, before: Counters, after: Counters) -> dict[str, Any]:
+    def _observation(
+        self, r: dict[str, Any], out: Output, before: Counters, after: Counters, session: bool = False
+    ) -> dict[str, Any]:
         killed_by = r.get("killed_by")
         limits_hit: list[str] = []
         if after.oom_kills > before.oom_kills:
@@ -232,21 +243,19 @@ class PythonRunner:
             limits_hit.append("output")
         if killed_by is not None:
             self.stats[f"kills_{killed_by}"] = self.stats.get(f"kills_{killed_by}", 0) + 1
-        n = int(r["stdout_len"])
         return {
             "exit_code": r.get("exit_code"),
-            "stdout": out[:n].decode("utf-8", errors="replace"),
-            "stderr": out[n:].decode("utf-8", errors="replace"),
+            "stdout": out.out.decode("utf-8", errors="replace"),
+            "stderr": out.err.decode("utf-8", errors="replace"),
             "timed_out": bool(r.get("timed_out")),
             "killed_by": killed_by,
             "limits_hit": limits_hit,
             "signal": r.get("signal"),
-            "stdout_truncated": r["stdout_total"] > n,
-            "stderr_truncated": r["stderr_total"] > len(out) - n,
+            "stdout_truncated": out.out_total > len(out.out),
+            "stderr_truncated": out.err_total > len(out.err),
             "cpu_ms": round(float(r.get("cpu_s", 0.0)) * 1000, 3) if "cpu_s" in r else None,
-            "wall_ms": round(float(r.get("wall_s", 0.0)) * 1000, 3),
             "max_rss_kb": r.get("max_rss_kb"),
-            "session_alive": r.get("session_alive") if "session_alive" in r else None,
+            "session_alive": r.get("alive") if session else None,
         }
 
     # ------------------------------------------------------------------ sessions
@@ -275,9 +284,7 @@ class PythonRunner:
             cg.set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
             if monitor.host_pid is None:
                 raise SandboxSetupError("session sandbox did not report its pid")
-            pids = [monitor.host_pid, *_children(monitor.host_pid)]
-            for pid in pids:
-                cg.add(pid)
+            cg.add(monitor.host_pid)
         except SandboxSetupError:
             monitor.close()
             await asyncio.to_thread(cg.remove)
@@ -295,17 +302,26 @@ class PythonRunner:
             if limits.memory_mb:
                 sess.cgroup.set_limits(limits.memory_mb << 20, self.cfg.pids_max)
             before = sess.cgroup.counters()
-            grace = limits.timeout_s + self.cfg.interrupt_grace_s + MONITOR_GRACE_S
             try:
-                result, out = await asyncio.wait_for(sess.monitor.request(header, body), grace)
-            except (TimeoutError, wire.WireError, OSError) as exc:
+                result, out = await run_step(
+                    sess.monitor,
+                    header,
+                    body,
+                    limits.timeout_s,
+                    header["max_output_bytes"],
+                    self.cfg.output_kill_bytes,
+                    session=True,
+                    grace_s=self.cfg.interrupt_grace_s,
+                )
+            except (wire.WireError, OSError) as exc:
                 await self._drop_session(sess)
                 raise SessionLost(f"session {session_id}: its sandbox stopped answering ({exc!r})") from exc
             sess.steps += 1
-            if result.get("op") == "error":
-                raise BadRequest(f"could not stage the step's files: {result.get('error')}")
-            obs = self._observation(result, out, before, sess.cgroup.counters())
-            if not result.get("session_alive", True):
+            if result.get("lost"):
+                await self._drop_session(sess)
+                raise SessionLost(f"session {session_id}: its jail ended mid-step")
+            obs = self._observation(result, out, before, sess.cgroup.counters(), session=True)
+            if not result.get("alive", True):
                 await self._drop_session(sess)
             return obs
 
@@ -316,16 +332,9 @@ class PythonRunner:
 
     async def _drop_session(self, sess: Session) -> None:
         self.sessions.pop(sess.session_id, None)
+        sess.monitor.kill()
         sess.monitor.close()
         await asyncio.to_thread(sess.cgroup.remove)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
 
 
 def default_name() -> str:

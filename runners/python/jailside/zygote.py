@@ -1,24 +1,24 @@
 """Fork-server that lives inside one nsjail jail (stdlib only; runs as uid nobody).
 
-Process tree inside a jail, and why each level exists::
+Process tree inside a jail, and why it is this shape::
 
-    zygote (pid 1 of the jail)      warm interpreter; never reads request data
-      └─ monitor  (one per execution or session)
-           │   own user + mount namespace, fresh tmpfs /tmp; talks to the worker
-           │   over its own socket; captures output, enforces the wall clock
-           └─ executor (pid 1 of its own pid namespace)
-                  fresh /proc, no capabilities, seccomp, rlimits; runs the code
+    zygote (pid 1 of the jail)       warm interpreter; never reads request data
+      └─ executor (one per execution or session), made by ONE clone():
+             new user + mount + pid namespace (it is pid 1 there), fresh tmpfs
+             /tmp and /dev/shm, fresh /proc, no capabilities, seccomp, rlimits
 
-* The zygote only forks monitors and hands the worker each monitor's socket
-  (SCM_RIGHTS over fd 0). It never holds a request, so no child can inherit
-  another request's code.
-* Monitor and executor are forked *before* a request arrives, namespaces and
-  mounts done: the request path costs a socket write, not a fork.
-* The executor is init of its pid namespace: when it exits the kernel kills
-  everything it left behind, and nothing it starts can signal the monitor, which
-  lies outside that namespace.
-* Exit status and kill reasons come from the monitor (``wait4``), never from the
-  program, so a program cannot fake its own result.
+* One clone per execution, nothing else on the request path: the executor is
+  created, namespaced and locked down before its request arrives. A clone of
+  this interpreter costs ~1.3 ms of CPU here (page handling); every extra fork
+  would cost as much again, so there is no monitor process in between.
+* The zygote never holds request data (so no child can inherit another
+  request's code). It hands the worker, per executor, four descriptors over
+  SCM_RIGHTS: the executor's request socket and its stdout/stderr pipes. The
+  worker writes the request and reads the output itself.
+* Exit status and rusage come from the zygote (``wait4``), never from the
+  program, so a one-shot program cannot fake its own result. The executor is
+  init of its pid namespace: when it exits the kernel kills whatever it left
+  behind, and nothing it starts can see or signal the zygote.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import select
 import signal
 import socket
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,20 +38,15 @@ import seccomp
 import wire
 
 # Modules that typical agent programs import, loaded once here so that every
-# execution starts with them warm (copy-on-write pages, not an import).
+# execution starts with them warm (shared copy-on-write pages, not an import).
 PRELOAD = [
     "abc",
     "array",
     "bisect",
-    "builtins",
     "collections",
     "collections.abc",
     "copy",
     "dataclasses",
-    "datetime",
-    "decimal",
-    "enum",
-    "fractions",
     "functools",
     "hashlib",
     "heapq",
@@ -60,19 +54,15 @@ PRELOAD = [
     "itertools",
     "json",
     "math",
-    "numbers",
     "operator",
     "random",
     "re",
-    "statistics",
     "string",
     "struct",
-    "textwrap",
     "threading",
     "traceback",
     "types",
     "typing",
-    "unicodedata",
     "linecache",
     "atexit",
 ]
@@ -80,12 +70,15 @@ PRELOAD = [
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 
 JAIL_UID = 65534
 WORKDIR = "/tmp"
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_after_fork_child = ctypes.pythonapi.PyOS_AfterFork_Child
 
 
 def _check(rc: int, what: str) -> None:
@@ -101,378 +94,221 @@ def _mount(src: str, dst: str, fstype: str, flags: int, data: str = "") -> None:
     )
 
 
+def _clone_namespaced() -> int:
+    """fork() into new user, mount and pid namespaces in one system call."""
+    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | signal.SIGCHLD
+    pid = _libc.syscall(SYS_CLONE[os.uname().machine], ctypes.c_ulong(flags), 0, 0, 0, 0)
+    if pid < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"clone: {os.strerror(err)}")
+    if pid == 0:
+        _after_fork_child()  # what os.fork() does for the interpreter in a child
+    return int(pid)
+
+
 # --------------------------------------------------------------------------- zygote
 
 
-def zygote_main() -> None:
+def zygote_main(mode: str, tmpfs_bytes: int) -> None:
     for name in PRELOAD:
         __import__(name)
     filter_program = seccomp.build_filter()
     ctl = socket.socket(fileno=0)
-    children: set[int] = set()
-
-    def reap(_sig: int = 0, _frame: object = None) -> None:
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            children.discard(pid)
-
-    signal.signal(signal.SIGCHLD, reap)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select via the wakeup fd
+    ids: dict[int, int] = {}  # pid -> executor id
+    next_id = 0
     ctl.sendall(wire.encode({"op": "zygote_ready", "pid": os.getpid()}))
     while True:
         try:
-            wanted = ctl.recv(64)
+            ready, _, _ = select.select([ctl, wake_r], [], [])
         except InterruptedError:
             continue
+        if wake_r in ready:
+            os.read(wake_r, 512)
+        _reap(ctl, ids)
+        if ctl not in ready:
+            continue
+        wanted = ctl.recv(64)
         if not wanted:
-            # The worker is gone: end the jail (pid 1 exiting kills the rest).
-            os._exit(0)
+            os._exit(0)  # the worker is gone: end the jail (pid 1 exiting kills the rest)
         for _ in wanted:
+            next_id += 1
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            pid = os.fork()
-            if pid == 0:
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                ctl.close()
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            try:
+                pid = _clone_namespaced()
+            except OSError as exc:
+                for fd in (out_r, out_w, err_r, err_w):
+                    os.close(fd)
                 ours.close()
+                theirs.close()
+                ctl.sendall(wire.encode({"op": "spawn_error", "error": str(exc)}))
+                continue
+            if pid == 0:
                 code = 70
                 try:
-                    code = monitor_main(theirs, filter_program)
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    for fd in (wake_r, wake_w, out_r, err_r):
+                        os.close(fd)
+                    ctl.close()
+                    ours.close()
+                    code = executor_main(theirs, out_w, err_w, filter_program, mode, tmpfs_bytes)
+                except BaseException:
+                    import traceback
+
+                    traceback.print_exc()  # to the program's stderr once redirected, else the jail log
                 finally:
                     os._exit(code)
-            children.add(pid)
+            ids[pid] = next_id
             theirs.close()
-            fds = array.array("i", [ours.fileno()])
+            os.close(out_w)
+            os.close(err_w)
+            fds = array.array("i", [ours.fileno(), out_r, err_r])
             ctl.sendmsg(
-                [wire.encode({"op": "monitor", "pid": pid})],
+                [wire.encode({"op": "executor", "id": next_id})],
                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())],
             )
             ours.close()
+            os.close(out_r)
+            os.close(err_r)
 
 
-# -------------------------------------------------------------------------- monitor
+def _reap(ctl: socket.socket, ids: dict[int, int]) -> None:
+    while True:
+        try:
+            pid, status, ru = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        ex_id = ids.pop(pid, None)
+        if ex_id is None:
+            continue  # an orphan reparented to us: nothing to report
+        msg: dict[str, object] = {
+            "op": "exit",
+            "id": ex_id,
+            "cpu_s": ru.ru_utime + ru.ru_stime,
+            "max_rss_kb": ru.ru_maxrss,
+        }
+        if os.WIFSIGNALED(status):
+            msg["signal"] = os.WTERMSIG(status)
+            msg["exit_code"] = 128 + os.WTERMSIG(status)
+        else:
+            msg["signal"] = None
+            msg["exit_code"] = os.WEXITSTATUS(status)
+        ctl.sendall(wire.encode(msg))
 
 
-def _enter_namespaces() -> None:
-    _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID), "unshare")
+# ------------------------------------------------------------------------- executor
+
+
+def _setup_namespaces(tmpfs_bytes: int) -> None:
     with open("/proc/self/setgroups", "w") as f:
         f.write("deny")
     with open("/proc/self/uid_map", "w") as f:
         f.write(f"{JAIL_UID} {JAIL_UID} 1")
     with open("/proc/self/gid_map", "w") as f:
         f.write(f"{JAIL_UID} {JAIL_UID} 1")
-    _mount("none", "/", "", MS_REC | MS_PRIVATE)
+    # Mounts made here stay here: a namespace owned by a less privileged user
+    # namespace receives the jail's mounts as slaves, never shared back.
+    _mount("tmpfs", WORKDIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=0700")
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")  # under memory pressure, the program dies first
+    _libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no /proc/1/mem for its descendants
 
 
-def monitor_main(sock: socket.socket, filter_program: bytes) -> int:
+def executor_main(
+    sock: socket.socket, out_w: int, err_w: int, filter_program: bytes, mode: str, tmpfs_bytes: int
+) -> int:
     try:
-        _enter_namespaces()
-        first, _ = wire.recv_frame(sock)  # the worker says what this monitor is for
-        tmpfs_bytes = int(first.get("tmpfs_bytes", 64 << 20))
-        _mount("tmpfs", WORKDIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=0700")
+        _setup_namespaces(tmpfs_bytes)
         os.chdir(WORKDIR)
-        go_parent, go_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        in_r, in_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 70
-            try:
-                sock.close()
-                go_parent.close()
-                for fd in (out_r, err_r, in_w):
-                    os.close(fd)
-                code = executor_main(go_child, in_r, out_w, err_w, filter_program)
-            finally:
-                os._exit(code)
-        go_child.close()
-        for fd in (out_w, err_w, in_r):
-            os.close(fd)
-        pidfd = os.pidfd_open(pid)
-        # Wait until the executor has mounted /proc and locked itself down.
-        hello, _ = wire.recv_frame(go_parent)
-        if hello.get("op") != "executor_ready":
-            raise RuntimeError(f"executor failed to start: {hello.get('error')}")
-    except Exception as exc:  # set-up failed: the worker must hear why
-        try:
-            sock.sendall(wire.encode({"op": "error", "where": "setup", "error": repr(exc)}))
-        except OSError:
-            pass
-        return 71
-    sock.sendall(wire.encode({"op": "ready"}))
-    mon = Monitor(sock, go_parent, pid, pidfd, in_w, out_r, err_r)
-    return mon.serve(first.get("mode", "oneshot"))
-
-
-class Monitor:
-    """Feeds one executor its requests and reports what really happened."""
-
-    def __init__(
-        self,
-        sock: socket.socket,
-        go: socket.socket,
-        pid: int,
-        pidfd: int,
-        in_w: int,
-        out_r: int,
-        err_r: int,
-    ) -> None:
-        self.sock, self.go, self.pid, self.pidfd = sock, go, pid, pidfd
-        self.in_w, self.out_r, self.err_r = in_w, out_r, err_r
-        os.set_blocking(out_r, False)
-        os.set_blocking(err_r, False)
-        self.alive = True
-
-    def serve(self, mode: str) -> int:
-        if mode == "session":
-            os.close(self.in_w)  # session steps get stdin as a buffer, not a pipe
-        while True:
-            try:
-                req, body = wire.recv_frame(self.sock)
-            except wire.WireError:
-                return 0  # worker closed the session
-            if req.get("op") != "run":
-                return 0
-            try:
-                payload = self._stage(req, body)
-            except (OSError, ValueError) as exc:
-                self.sock.sendall(wire.encode({"op": "error", "where": "files", "error": str(exc)}))
-                if mode == "oneshot":
-                    return 0
-                continue
-            header, out = self._run(req, payload, mode)
-            self.sock.sendall(wire.encode(header, out))
-            if mode == "oneshot" or not self.alive:
-                return 0
-
-    def _stage(self, req: dict, body: bytes) -> tuple[bytes, bytes]:
-        """Write the request's files into the workdir; return (stdin, code)."""
-        view = memoryview(body)
-        pos = 0
-        for rel, size in req.get("files", []):
-            path = os.path.normpath(os.path.join(WORKDIR, rel))
-            if not path.startswith(WORKDIR + "/"):
-                raise ValueError(f"file path escapes the workdir: {rel!r}")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(view[pos : pos + size])
-            pos += size
-        stdin_len = int(req.get("stdin_len", 0))
-        stdin = bytes(view[pos : pos + stdin_len])
-        pos += stdin_len
-        return stdin, bytes(view[pos:])
-
-    def _run(self, req: dict, payload: tuple[bytes, bytes], mode: str) -> tuple[dict, bytes]:
-        stdin, code = payload
-        timeout_s = float(req["timeout_s"])
-        cap = int(req["max_output_bytes"])
-        kill_at = int(req["output_kill_bytes"])
-        start = time.monotonic()
-        deadline = start + timeout_s
-        self.go.sendall(
-            wire.encode(
-                {
-                    "session": mode == "session",
-                    "cpu_s": int(req["cpu_s"]),
-                    "fsize_bytes": int(req["fsize_bytes"]),
-                    "nofile": int(req["nofile"]),
-                    "stdin_len": len(stdin),
-                },
-                stdin + code if mode == "session" else code,
-            )
-        )
-        if mode == "oneshot":
-            pending_in = memoryview(stdin)
-            in_fd: int | None = self.in_w
-            if not stdin:
-                os.close(self.in_w)
-                in_fd = None
-            else:
-                os.set_blocking(self.in_w, False)
-        else:
-            pending_in, in_fd = memoryview(b""), None
-        bufs = {self.out_r: bytearray(), self.err_r: bytearray()}
-        totals = {self.out_r: 0, self.err_r: 0}
-        open_fds = {self.out_r, self.err_r}
-        killed_by: str | None = None
-        timed_out = False
-        step_exit: int | None = None
-        exited = False
-        interrupted_at: float | None = None
-        poller = select.poll()
-        for fd in open_fds:
-            poller.register(fd, select.POLLIN)
-        if mode == "oneshot":
-            poller.register(self.pidfd, select.POLLIN)
-        else:
-            poller.register(self.go.fileno(), select.POLLIN)
-        if in_fd is not None:
-            poller.register(in_fd, select.POLLOUT)
-        while True:
-            now = time.monotonic()
-            if mode == "session" and step_exit is not None:
-                break
-            if exited:
-                break
-            if now >= deadline and killed_by is None:
-                timed_out = True
-                if mode == "session" and interrupted_at is None:
-                    # Like a notebook: interrupt first, so state survives a slow cell.
-                    os.kill(self.pid, signal.SIGINT)
-                    interrupted_at = now
-                    deadline = now + float(req.get("interrupt_grace_s", 1.0))
-                    continue
-                killed_by = "time"
-                os.kill(self.pid, signal.SIGKILL)
-            wait_ms = max(0, int((deadline - now) * 1000) + 1) if killed_by is None else 1000
-            for fd, ev in poller.poll(wait_ms):
-                if fd in bufs:
-                    try:
-                        chunk = os.read(fd, 1 << 16)
-                    except BlockingIOError:
-                        continue
-                    if not chunk:
-                        poller.unregister(fd)
-                        open_fds.discard(fd)
-                        continue
-                    totals[fd] += len(chunk)
-                    room = cap - len(bufs[fd])
-                    if room > 0:
-                        bufs[fd] += chunk[:room]
-                    if totals[fd] > kill_at and killed_by is None:
-                        killed_by = "output"
-                        os.kill(self.pid, signal.SIGKILL)
-                elif fd == in_fd:
-                    if ev & (select.POLLERR | select.POLLHUP):
-                        pending_in = memoryview(b"")
-                    else:
-                        try:
-                            n = os.write(in_fd, pending_in[: 1 << 16])
-                            pending_in = pending_in[n:]
-                        except (BlockingIOError, BrokenPipeError):
-                            pending_in = memoryview(b"") if ev & select.POLLERR else pending_in
-                    if not pending_in:
-                        poller.unregister(in_fd)
-                        os.close(in_fd)
-                        in_fd = None
-                elif fd == self.pidfd:
-                    exited = True
-                elif fd == self.go.fileno():
-                    if ev & select.POLLIN:
-                        try:
-                            done, _ = wire.recv_frame(self.go)
-                            step_exit = int(done["exit_code"])
-                        except wire.WireError:
-                            exited = True  # the executor died mid-step
-                    else:
-                        exited = True
-            if mode == "session" and not exited and self._executor_dead():
-                exited = True
-        status = None
-        rusage = None
-        if exited or mode == "oneshot":
-            if not exited:
-                os.kill(self.pid, signal.SIGKILL)
-            _, status, rusage = os.wait4(self.pid, 0)
-            self.alive = False
-        self._drain(bufs, totals, cap)
-        wall_s = time.monotonic() - start
-        header: dict = {
-            "op": "result",
-            "timed_out": timed_out,
-            "killed_by": killed_by,
-            "wall_s": wall_s,
-            "stdout_total": totals[self.out_r],
-            "stderr_total": totals[self.err_r],
-            "stdout_len": len(bufs[self.out_r]),
-            "session_alive": self.alive,
-        }
-        if status is not None:
-            if os.WIFSIGNALED(status):
-                header["signal"] = os.WTERMSIG(status)
-                header["exit_code"] = 128 + os.WTERMSIG(status)
-            else:
-                header["exit_code"] = os.WEXITSTATUS(status)
-                header["signal"] = None
-            if rusage is not None:
-                header["cpu_s"] = rusage.ru_utime + rusage.ru_stime
-                header["max_rss_kb"] = rusage.ru_maxrss
-        else:
-            header["exit_code"] = step_exit if step_exit is not None else 1
-            header["signal"] = None
-        if header.get("signal") == signal.SIGXCPU or (
-            header.get("signal") == signal.SIGKILL
-            and killed_by is None
-            and header.get("cpu_s", 0.0) >= int(req["cpu_s"])
-        ):
-            header["killed_by"] = "time"
-            header["timed_out"] = True
-        return header, bytes(bufs[self.out_r]) + bytes(bufs[self.err_r])
-
-    def _executor_dead(self) -> bool:
-        ready, _, _ = select.select([self.pidfd], [], [], 0)
-        return bool(ready)
-
-    def _drain(self, bufs: dict[int, bytearray], totals: dict[int, int], cap: int) -> None:
-        for fd, buf in bufs.items():
-            while True:
-                try:
-                    chunk = os.read(fd, 1 << 16)
-                except (BlockingIOError, OSError):
-                    break
-                if not chunk:
-                    break
-                totals[fd] += len(chunk)
-                room = cap - len(buf)
-                if room > 0:
-                    buf += chunk[:room]
-
-
-# ------------------------------------------------------------------------- executor
-
-
-def executor_main(go: socket.socket, in_r: int, out_w: int, err_w: int, filter_program: bytes) -> int:
-    import resource
-
-    try:
-        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")  # under memory pressure, the program dies, not its monitor
-        _libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no /proc/1/mem for descendants
         seccomp.drop_capabilities()
         seccomp.install(filter_program)
-    except Exception as exc:
-        go.sendall(wire.encode({"op": "error", "error": repr(exc)}))
-        return 72
-    go.sendall(wire.encode({"op": "executor_ready"}))
-    try:
-        req, body = wire.recv_frame(go)
+        # The worker greets first so that it can receive our credentials (pid).
+        hello, _ = wire.recv_frame(sock)
+        if hello.get("op") != "hello":
+            return 73
     except wire.WireError:
         return 0
-    session = bool(req.get("session"))
+    except Exception as exc:
+        try:
+            sock.sendall(wire.encode({"op": "error", "error": repr(exc)}))
+        except OSError:
+            pass
+        return 72
+    sock.sendall(wire.encode({"op": "ready"}))
+    try:
+        req, body = wire.recv_frame(sock)
+    except wire.WireError:
+        return 0
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.close(out_w)
+    os.close(err_w)
+    _reseed()
+    if mode == "session":
+        _stdin(b"")  # each cell gets its stdin as a buffer; fd 0 stays a valid empty file
+        return _session_loop(sock, req, body)
+    try:
+        code, stdin = _stage(req, body)
+    except (OSError, ValueError) as exc:
+        os.write(2, f"sandboxd: could not stage the step's files: {exc}\n".encode())
+        return 125
+    _limits(req, session=False)
+    _stdin(stdin)
+    sock.close()  # the program gets no channel to the worker
+    return _run_oneshot(code)
+
+
+def _stage(req: dict, body: bytes) -> tuple[bytes, bytes]:
+    """Write the request's files into the workdir; return (code, stdin)."""
+    view = memoryview(body)
+    pos = 0
+    for rel, size in req.get("files", []):
+        path = os.path.normpath(os.path.join(WORKDIR, rel))
+        if not path.startswith(WORKDIR + "/"):
+            raise ValueError(f"file path escapes the workdir: {rel!r}")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(view[pos : pos + size])
+        pos += size
+    stdin_len = int(req.get("stdin_len", 0))
+    stdin = bytes(view[pos : pos + stdin_len])
+    return bytes(view[pos + stdin_len :]), stdin
+
+
+def _limits(req: dict, session: bool) -> None:
+    import resource
+
     cpu = max(1, int(req["cpu_s"]))
     if session:
-        # CPU time accumulates over a session: each step gets its own budget on top.
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, resource.RLIM_INFINITY))
-    else:
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        soft = int(used.ru_utime + used.ru_stime) + cpu + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
+        return
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (int(req["fsize_bytes"]),) * 2)
     resource.setrlimit(resource.RLIMIT_NOFILE, (int(req["nofile"]),) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    os.dup2(in_r, 0)
-    os.dup2(out_w, 1)
-    os.dup2(err_w, 2)
-    for fd in (in_r, out_w, err_w):
+
+
+def _stdin(data: bytes) -> None:
+    """fd 0 = a memfd holding the step's stdin (no feeder process, no pipe)."""
+    fd = os.memfd_create("stdin", 0)
+    if data:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    if fd != 0:  # fd 0 may be free (the zygote's channel was closed): then it is already stdin
+        os.dup2(fd, 0)
         os.close(fd)
-    _reseed()
-    if session:
-        return _session_loop(go, req, body)
-    go.close()  # the program gets no channel to its monitor
-    return _run_oneshot(body)
 
 
 def _reseed() -> None:
@@ -499,6 +335,14 @@ def _stdio() -> None:
     sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
     sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
 
 
 def _exec_code(code: bytes, namespace: dict, filename: str = "<program>") -> int:
@@ -536,46 +380,42 @@ def _run_oneshot(code: bytes) -> int:
         threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        _flush()
     return rc
 
 
-def _session_loop(go: socket.socket, req: dict, body: bytes) -> int:
+def _session_loop(sock: socket.socket, req: dict, body: bytes) -> int:
     import io
-    import resource
 
     namespace = _fresh_main()
     _stdio()
     cell = 0
     while True:
+        if req.get("op") == "close":
+            return 0
         cell += 1
-        used = resource.getrusage(resource.RUSAGE_SELF)
-        soft = int(used.ru_utime + used.ru_stime) + max(1, int(req["cpu_s"])) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
-        stdin_len = int(req.get("stdin_len", 0))
-        sys.stdin = io.TextIOWrapper(io.BytesIO(body[:stdin_len]), encoding="utf-8")
-        rc = _exec_code(body[stdin_len:], namespace, f"<cell {cell}>")
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        try:
+            code, stdin = _stage(req, body)
+        except (OSError, ValueError) as exc:
+            print(f"sandboxd: could not stage the step's files: {exc}", file=sys.stderr)
+            rc = 125
+        else:
+            _limits(req, session=True)
+            sys.stdin = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
+            rc = _exec_code(code, namespace, f"<cell {cell}>")
+        _flush()
         _reap_strays()
         try:
-            go.sendall(wire.encode({"op": "done", "exit_code": rc}))
-            req, body = wire.recv_frame(go)
+            sock.sendall(wire.encode({"op": "done", "exit_code": rc}))
+            req, body = wire.recv_frame(sock)
         except (OSError, wire.WireError):
-            return 0
-        if req.get("op") == "close":
             return 0
 
 
 def _reap_strays() -> None:
-    """Kill whatever a cell left running: state lives in globals, not processes."""
+    """Kill whatever a cell left running: a session's state lives in globals, not processes."""
+    import time
+
     try:
         os.kill(-1, signal.SIGKILL)
     except ProcessLookupError:
@@ -591,7 +431,7 @@ def _reap_strays() -> None:
 
 if __name__ == "__main__":
     try:
-        zygote_main()
+        zygote_main(sys.argv[1], int(sys.argv[2]))
     except KeyboardInterrupt:
         pass
     except OSError as exc:
