@@ -28,11 +28,13 @@ find_python() {
   command -v pyenv >/dev/null 2>&1 && roots+=("$(pyenv root)/versions")
   roots+=("$HOME/.pyenv/versions")
   for r in "${roots[@]}"; do
-    for cand in $(ls -d "$r"/3.1[2-9]* 2>/dev/null | sort -V -r); do
+    # Oldest first: 3.12 is the tested one (the raw-clone executor does not yet
+    # start under 3.13's interpreter; see docs/isolation.md).
+    for cand in $(ls -d "$r"/3.1[2-9]* 2>/dev/null | sort -V); do
       [[ -x "$cand/bin/python3" ]] && { echo "$cand/bin/python3"; return; }
     done
   done
-  for cand in python3.13 python3.12 python3; do
+  for cand in python3.12 python3.13 python3; do
     local p; p=$(command -v "$cand" 2>/dev/null) || continue
     [[ "$p" == *"/shims/"* ]] && continue
     "$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo "$p"; return; }
