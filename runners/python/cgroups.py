@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,8 +146,6 @@ def _kill_and_rmdir(d: Path) -> None:
         except FileNotFoundError:
             return
         except OSError:
-            import time
-
             time.sleep(0.01)
 
 
@@ -172,8 +171,7 @@ class CgroupRoot:
             self.group.enable_subtree()
 
     def slot(self, name: str) -> CgroupGroup:
-        g = self.group.child(name)
-        return g
+        return self.group.child(name)
 
 
 def detect_version(mount: Path = Path("/sys/fs/cgroup")) -> int:

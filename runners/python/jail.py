@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 JAILSIDE_DIR = Path(__file__).parent / "jailside"
 JAILSIDE_MOUNT = "/opt/sandboxd/jailside"
 JAIL_UID = 65534
-MONITOR_READY_TIMEOUT_S = 10.0
+SANDBOX_READY_TIMEOUT_S = 10.0
 
 # Syscalls nothing inside a jail needs, the zygote included. The per-execution
 # filter (jailside/seccomp.py) adds mount/unshare/clone-namespace on top.
@@ -150,6 +150,8 @@ class Executor:
             signal.pidfd_send_signal(self.pidfd, sig)
 
     def close(self) -> None:
+        """Kill (a no-op once it has exited) and release every descriptor."""
+        self.kill()
         for fd in (self.out_r, self.err_r, self.pidfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -273,7 +275,7 @@ class Jail:
         self._ctl_buf.clear()
         self.starts += 1
         try:
-            header = await asyncio.wait_for(self._next_ctl_frame(), MONITOR_READY_TIMEOUT_S)
+            header = await asyncio.wait_for(self._next_ctl_frame(), SANDBOX_READY_TIMEOUT_S)
         except (TimeoutError, wire.WireError) as exc:
             tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
             await self.stop()
@@ -340,7 +342,6 @@ class Jail:
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
             self._exits[ex_id] = fut
-            fut.add_done_callback(lambda _: None)
         return fut
 
     async def spawn(self) -> Executor:
@@ -351,7 +352,7 @@ class Jail:
         fut: asyncio.Future[tuple[int, list[int]]] = loop.create_future()
         self._spawns.append(fut)
         await loop.sock_sendall(self.ctl, b"f")
-        ex_id, fds = await asyncio.wait_for(fut, MONITOR_READY_TIMEOUT_S)
+        ex_id, fds = await asyncio.wait_for(fut, SANDBOX_READY_TIMEOUT_S)
         sock = socket.socket(fileno=fds[0])
         sock.setblocking(False)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -359,7 +360,7 @@ class Jail:
         try:
             with contextlib.suppress(BrokenPipeError):  # it failed early; its error frame waits below
                 await loop.sock_sendall(sock, wire.encode({"op": "hello"}))
-            data, anc = await asyncio.wait_for(_recvmsg(sock, 65536, socket.CMSG_SPACE(12)), MONITOR_READY_TIMEOUT_S)
+            data, anc = await asyncio.wait_for(_recvmsg(sock, 65536, socket.CMSG_SPACE(12)), SANDBOX_READY_TIMEOUT_S)
             host_pid = 0
             for level, kind, payload in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
@@ -373,16 +374,13 @@ class Jail:
             if host_pid <= 0:
                 raise SandboxSetupError(f"jail {self.name}: executor did not report its pid")
             pidfd = os.pidfd_open(host_pid)
-        except (TimeoutError, wire.WireError, OSError) as exc:
+        except (TimeoutError, wire.WireError, OSError, SandboxSetupError) as exc:
             sock.close()
             for fd in fds[1:]:
                 os.close(fd)
+            if isinstance(exc, SandboxSetupError):
+                raise
             raise SandboxSetupError(f"jail {self.name}: sandbox set-up failed: {exc!r}") from exc
-        except SandboxSetupError:
-            sock.close()
-            for fd in fds[1:]:
-                os.close(fd)
-            raise
         for fd in fds[1:]:
             os.set_blocking(fd, False)
         return Executor(ex_id, sock, fds[1], fds[2], pidfd, host_pid, exit_fut)
@@ -470,13 +468,13 @@ async def run_step(
                 continue
             killed_by = killed_by or "time"
             ex.kill()
-            await asyncio.wait({ex.exit}, timeout=MONITOR_READY_TIMEOUT_S)
+            await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)
             break
         if session and step_exit is None and not ex.exit.done():
-            await asyncio.wait({ex.exit}, timeout=MONITOR_READY_TIMEOUT_S)
+            await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)
         if not session:
-            await asyncio.wait({done}, timeout=MONITOR_READY_TIMEOUT_S)
-            await asyncio.wait({ex.exit}, timeout=MONITOR_READY_TIMEOUT_S)  # the zygote's report
+            await asyncio.wait({done}, timeout=SANDBOX_READY_TIMEOUT_S)
+            await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)  # the zygote's report
         if session and not waiter.done():
             waiter.cancel()
     finally:

@@ -1,9 +1,9 @@
 """The Python runner: warm nsjail slots for one-shot steps, session jails for kernels.
 
-One-shot: ``slots_per_worker`` jails, each running one execution at a time in a
-monitor that was forked and set up before the request came (the next one is
+One-shot: ``slots_per_worker`` jails, each running one execution at a time in an
+executor that was forked and set up before the request came (the next one is
 prepared while the current one runs). Sessions: a few jails whose zygotes fork
-one long-lived monitor per session; each session is moved once into a cgroup of
+one long-lived executor per session; each session is moved once into a cgroup of
 its own, so one session's memory or fork bomb cannot starve another.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,10 +26,7 @@ from sandboxd.errors import SandboxSetupError, Saturated, SessionLost, UnknownSe
 
 log = logging.getLogger(__name__)
 
-# How long past its own timeout a monitor may take to answer before the slot is
-# declared broken (the monitor enforces the timeout itself; this is the backstop).
-MONITOR_GRACE_S = 5.0
-# Pids used by the slot's own processes (zygote, monitor, executor, next pair).
+# Pids used by the slot's own processes (nsjail, zygote, running and next executor).
 SLOT_OVERHEAD_PIDS = 6
 
 
@@ -38,15 +34,14 @@ SLOT_OVERHEAD_PIDS = 6
 class Slot:
     jail: Jail
     cgroup: CgroupGroup
-    next_monitor: asyncio.Task[Executor] | None = None
+    next_executor: asyncio.Task[Executor] | None = None
     memory_bytes: int = 0
-    executions: int = 0
 
 
 @dataclass
 class Session:
     session_id: str
-    monitor: Executor
+    executor: Executor
     cgroup: CgroupGroup
     jail: Jail
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -105,8 +100,8 @@ class PythonRunner:
     async def _start_slot(self, slot: Slot) -> None:
         await slot.jail.start()
         self.stats["jail_starts"] += 1
-        slot.next_monitor = asyncio.create_task(self._spawn(slot.jail))
-        await asyncio.wait([slot.next_monitor])
+        slot.next_executor = asyncio.create_task(self._spawn(slot.jail))
+        await asyncio.wait([slot.next_executor])
 
     async def _start_session_jail(self, jail: Jail, warm: asyncio.Queue[asyncio.Task[Executor]]) -> None:
         await jail.start()
@@ -123,10 +118,10 @@ class PythonRunner:
         for sess in list(self.sessions.values()):
             await self._drop_session(sess)
         for slot in self.slots:
-            if slot.next_monitor is not None:
-                slot.next_monitor.cancel()
+            if slot.next_executor is not None:
+                slot.next_executor.cancel()
                 with contextlib.suppress(BaseException):
-                    (await slot.next_monitor).close()
+                    (await slot.next_executor).close()
             await slot.jail.stop()
         for jail, _, warm in self.session_jails:
             while not warm.empty():
@@ -179,12 +174,12 @@ class PythonRunner:
         finally:
             self.free.put_nowait(slot)
 
-    async def _take_monitor(self, slot: Slot) -> Executor:
-        task = slot.next_monitor
-        slot.next_monitor = None
+    async def _take_executor(self, slot: Slot) -> Executor:
+        task = slot.next_executor
+        slot.next_executor = None
         try:
             if task is None:
-                raise SandboxSetupError("no monitor was being prepared")
+                raise SandboxSetupError("no executor was being prepared")
             return await task
         except (SandboxSetupError, OSError, wire.WireError) as exc:
             # The jail is broken (zygote killed, cgroup gone...): replace it once.
@@ -195,18 +190,18 @@ class PythonRunner:
             return await self._spawn(slot.jail)
 
     async def _oneshot(self, slot: Slot, header: dict[str, Any], body: bytes, limits: StepLimits) -> dict[str, Any]:
-        monitor = await self._take_monitor(slot)
+        executor = await self._take_executor(slot)
         want_mem = (
             (limits.memory_mb << 20) + (32 << 20) if limits.memory_mb else (self.cfg.memory_mb << 20) + (32 << 20)
         )
         if want_mem != slot.memory_bytes:
             slot.cgroup.set_limits(want_mem, self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
             slot.memory_bytes = want_mem
-        slot.next_monitor = asyncio.create_task(self._spawn(slot.jail))
+        slot.next_executor = asyncio.create_task(self._spawn(slot.jail))
         before = slot.cgroup.counters()
         try:
             result, out = await run_step(
-                monitor,
+                executor,
                 header,
                 body,
                 limits.timeout_s,
@@ -216,11 +211,10 @@ class PythonRunner:
                 grace_s=0.0,
             )
         except (wire.WireError, OSError) as exc:
-            await slot.jail.stop()  # next _take_monitor restarts it
+            await slot.jail.stop()  # next _take_executor restarts it
             raise SandboxSetupError(f"sandbox {slot.jail.name} stopped answering: {exc!r}") from exc
         finally:
-            monitor.close()
-        slot.executions += 1
+            executor.close()
         if result.get("lost"):
             raise SandboxSetupError(f"sandbox {slot.jail.name}: its jail ended mid-step")
         return self._observation(result, out, before, slot.cgroup.counters())
@@ -268,28 +262,26 @@ class PythonRunner:
                 f"worker {self.name} holds {len(self.sessions)} Python sessions (max_sessions_per_worker)",
                 retry_after_s=5.0,
             )
-        jail, host, warm = min(self.session_jails, key=lambda j: j[2].qsize() * -1)
+        jail, host, warm = max(self.session_jails, key=lambda j: j[2].qsize())
         task = warm.get_nowait() if not warm.empty() else asyncio.create_task(self._spawn(jail))
         warm.put_nowait(asyncio.create_task(self._spawn(jail)))
         try:
-            monitor = await task
+            executor = await task
         except (SandboxSetupError, OSError, wire.WireError):
             if not jail.alive:
                 await jail.stop()
                 await jail.start()
                 self.stats["jail_starts"] += 1
-            monitor = await self._spawn(jail)
+            executor = await self._spawn(jail)
         cg = host.child(f"s-{session_id}")
         try:
             cg.set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
-            if monitor.host_pid is None:
-                raise SandboxSetupError("session sandbox did not report its pid")
-            cg.add(monitor.host_pid)
+            cg.add(executor.host_pid)
         except SandboxSetupError:
-            monitor.close()
+            executor.close()
             await asyncio.to_thread(cg.remove)
             raise
-        self.sessions[session_id] = Session(session_id, monitor, cg, jail)
+        self.sessions[session_id] = Session(session_id, executor, cg, jail)
         return {"session_id": session_id}
 
     async def _session_step(
@@ -304,7 +296,7 @@ class PythonRunner:
             before = sess.cgroup.counters()
             try:
                 result, out = await run_step(
-                    sess.monitor,
+                    sess.executor,
                     header,
                     body,
                     limits.timeout_s,
@@ -332,10 +324,5 @@ class PythonRunner:
 
     async def _drop_session(self, sess: Session) -> None:
         self.sessions.pop(sess.session_id, None)
-        sess.monitor.kill()
-        sess.monitor.close()
+        sess.executor.close()
         await asyncio.to_thread(sess.cgroup.remove)
-
-
-def default_name() -> str:
-    return f"sandboxd-{os.getpid()}"
