@@ -15,7 +15,6 @@ import shutil
 import time
 from typing import Any
 
-import orjson
 from pydantic import ValidationError
 
 from runners.base import StepLimits, action_model
@@ -316,7 +315,3 @@ class Gateway:
             for rec, why in self.sessions.expired():
                 self.metrics.sessions_reaped.labels(why).inc()
                 await self.close_session(rec.session_id, f"reaped ({why})")
-
-
-def dumps(model: Any) -> bytes:
-    return orjson.dumps(model.model_dump() if hasattr(model, "model_dump") else model)
