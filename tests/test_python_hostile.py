@@ -211,3 +211,21 @@ async def test_session_killed_by_memory_ends_only_that_session(http: httpx.Async
     r = await run(http, "print(z)", session_id=calm)
     assert r["observation"]["stdout"] == "5\n"
     await http.delete(f"/sessions/{calm}")
+
+
+async def test_program_has_no_capabilities_and_is_filtered(http: httpx.AsyncClient) -> None:
+    code = (
+        "status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+        "print(*(status[k].strip() for k in ('CapEff', 'CapPrm', 'CapAmb', 'NoNewPrivs', 'Seccomp')))\n"
+        "import os\n"
+        "for flag in ('CLONE_NEWUSER', 'CLONE_NEWNS', 'CLONE_NEWNET'):\n"
+        "    try:\n"
+        "        os.unshare(getattr(os, flag))\n"
+        "        print('UNSHARED', flag)\n"
+        "    except OSError as e:\n"
+        "        print('refused', e.errno)"
+    )
+    r = await run(http, code)
+    lines = r["observation"]["stdout"].splitlines()
+    assert lines[0] == "0000000000000000 0000000000000000 0000000000000000 1 2", lines
+    assert lines[1:] == ["refused 1"] * 3

@@ -85,7 +85,7 @@ def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str =
         MountPt(src="/etc", dst="/etc", is_bind=True),
         MountPt(src=prefix, dst=prefix, is_bind=True),
         MountPt(src=str(JAILSIDE_DIR), dst=JAILSIDE_MOUNT, is_bind=True),
-        MountPt(dst="/proc", fstype="proc", rw=True),  # rw: monitors write their own uid_map
+        MountPt(dst="/proc", fstype="proc"),
         MountPt(dst="/tmp", fstype="tmpfs", rw=True, is_dir=True, options="size=1m", nosuid=True, nodev=True),
         MountPt(dst="/dev", fstype="tmpfs", rw=True, is_dir=True, options="size=64k,mode=0755", nosuid=True),
         MountPt(dst="/dev/shm", fstype="tmpfs", rw=True, is_dir=True, options="size=1m", nosuid=True, nodev=True),
@@ -122,6 +122,10 @@ def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str =
         rlimit_nofile=max(cfg.nofile, 64),
         rlimit_nproc_type=RLimitType.SOFT,  # raising it is refused in the user namespace; cgroup pids caps it
         rlimit_core=0,
+        # The zygote keeps the jail's capabilities (inside the jail's user
+        # namespace only) to build each executor's mount/pid namespaces; every
+        # executor drops them all before it reads its request.
+        keep_caps=True,
         clone_newnet=True,
         clone_newcgroup=True,
         mount=mounts,

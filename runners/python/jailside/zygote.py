@@ -68,9 +68,8 @@ PRELOAD = [
 ]
 
 CLONE_NEWNS = 0x00020000
-CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 
 JAIL_UID = 65534
@@ -95,8 +94,8 @@ def _mount(src: str, dst: str, fstype: str, flags: int, data: str = "") -> None:
 
 
 def _clone_namespaced() -> int:
-    """fork() into new user, mount and pid namespaces in one system call."""
-    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | signal.SIGCHLD
+    """fork() into new mount and pid namespaces in one system call."""
+    flags = CLONE_NEWNS | CLONE_NEWPID | signal.SIGCHLD
     pid = _libc.syscall(SYS_CLONE[os.uname().machine], ctypes.c_ulong(flags), 0, 0, 0, 0)
     if pid < 0:
         err = ctypes.get_errno()
@@ -112,6 +111,11 @@ def _clone_namespaced() -> int:
 def zygote_main(mode: str, tmpfs_bytes: int) -> None:
     for name in PRELOAD:
         __import__(name)
+    # The zygote holds the jail's capabilities (nsjail keep_caps) so that each
+    # executor can make its mount and pid namespaces without a user namespace
+    # of its own (uid maps cost ~0.7 ms per execution). Private propagation
+    # once here means no executor's mount is ever seen by another.
+    _mount("none", "/", "", MS_REC | MS_PRIVATE)
     filter_program = seccomp.build_filter()
     ctl = socket.socket(fileno=0)
     wake_r, wake_w = os.pipe()
@@ -208,14 +212,7 @@ def _reap(ctl: socket.socket, ids: dict[int, int]) -> None:
 
 
 def _setup_namespaces(tmpfs_bytes: int) -> None:
-    with open("/proc/self/setgroups", "w") as f:
-        f.write("deny")
-    with open("/proc/self/uid_map", "w") as f:
-        f.write(f"{JAIL_UID} {JAIL_UID} 1")
-    with open("/proc/self/gid_map", "w") as f:
-        f.write(f"{JAIL_UID} {JAIL_UID} 1")
-    # Mounts made here stay here: a namespace owned by a less privileged user
-    # namespace receives the jail's mounts as slaves, never shared back.
+    # Mounts made here stay here: the zygote made its whole tree private at start.
     _mount("tmpfs", WORKDIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=0700")
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
