@@ -111,6 +111,43 @@ def _doctor(_: argparse.Namespace) -> int:
     return EXIT_OK if run_doctor() else EXIT_FAILED
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bench.run import PRESETS, execute, make_plan
+
+    conc = [int(x) for x in args.concurrency.split(",")] if args.concurrency else None
+    try:
+        plan = make_plan(
+            [w.upper() for w in args.workloads],
+            args.preset,
+            warmup=args.warmup,
+            duration=args.duration,
+            cooldown=args.cooldown,
+            concurrency=conc,
+            b8_trials=args.trials,
+        )
+    except ValueError as exc:
+        print(f"sandboxd bench: {exc} (presets: {', '.join(PRESETS)})", file=sys.stderr)
+        return EXIT_USAGE
+    execute(plan, args.target, Path(args.out), args.instance_type)
+    return EXIT_OK
+
+
+def _size(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bench.size import print_table, size
+
+    try:
+        rows = size([Path(d) for d in args.results], args.workload.upper(), args.target_units_per_s, args.p99_ms)
+    except FileNotFoundError as exc:
+        print(f"sandboxd size: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print_table(rows, args.target_units_per_s, args.p99_ms, set(args.sizes.split(",")) if args.sizes else None)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sandboxd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -132,6 +169,27 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--load-s", type=float, default=5.0, help="seconds of load after the programs (0 = none)")
         p.add_argument("--concurrency", type=int, default=8, help="concurrent one-shot steps during the load")
         p.set_defaults(func=func)
+    bench = sub.add_parser("bench", help="replay workloads (B1 B8) against a node and report")
+    bench.add_argument("workloads", nargs="*", default=[], help="B1 B8 (default: all available)")
+    bench.add_argument("--target", help="base URL of a running node; default: start one on loopback")
+    bench.add_argument("--preset", choices=["smoke", "quick", "full"], default="quick")
+    bench.add_argument("--concurrency", help="comma-separated levels, e.g. 1,8,32,128")
+    bench.add_argument("--warmup", type=float, help="unmeasured seconds per level")
+    bench.add_argument("--duration", type=float, help="measured seconds per level")
+    bench.add_argument("--cooldown", type=float, help="idle seconds after each level")
+    bench.add_argument("--trials", type=int, help="B8 trials per level")
+    bench.add_argument("--out", default="bench-results", help="results directory")
+    bench.add_argument("--instance-type", help="what this machine is, e.g. m7i.4xlarge (prices it)")
+    bench.set_defaults(func=_bench)
+    sz = sub.add_parser("size", help="fleet sizing from bench results (one directory per measured machine)")
+    sz.add_argument("--results", nargs="+", required=True, help="results directories, e.g. one per machine")
+    sz.add_argument("--workload", default="B1")
+    sz.add_argument(
+        "--target-units-per-s", "--target-rollouts-per-s", type=float, required=True, dest="target_units_per_s"
+    )
+    sz.add_argument("--p99-ms", type=float, required=True)
+    sz.add_argument("--sizes", help="only these sizes, e.g. 4xlarge,8xlarge")
+    sz.set_defaults(func=_size)
     doctor = sub.add_parser("doctor", help="check nsjail, cgroups and the jail's interpreter")
     doctor.set_defaults(func=_doctor)
     return parser

@@ -27,6 +27,11 @@ class PythonRunnerConfig(BaseModel):
     slots_per_worker: int = Field(
         4, ge=1, le=256, description="Warm one-shot jails per worker: concurrent one-shot executions per worker."
     )
+    warm_pool: bool = Field(
+        True,
+        description="Keep jails and executors ready before requests come. False starts a whole jail per one-shot "
+        "step (the raw cold-start cost, for B8; never for production).",
+    )
     session_jails_per_worker: int = Field(
         1,
         ge=1,

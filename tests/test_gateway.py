@@ -75,7 +75,9 @@ async def test_worker_crash_fails_only_its_own_steps(http: httpx.AsyncClient) ->
     assert all(r.status_code in (200, 502) for r in results[1:])
     await wait_ready(http)
     # 4 concurrent slow steps need all 4 slots: both workers, the new one included
-    after = await asyncio.gather(*(http.post("/rollout/step", json=fake({"echo": i, "sleep_s": 0.3})) for i in range(4)))
+    after = await asyncio.gather(
+        *(http.post("/rollout/step", json=fake({"echo": i, "sleep_s": 0.3})) for i in range(4))
+    )
     assert all(r.status_code == 200 for r in after)
     assert len({r.json()["worker"] for r in after}) == 2
     metrics = (await http.get("/metrics")).text

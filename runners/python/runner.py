@@ -60,6 +60,8 @@ class PythonRunner:
         self.session_jails: list[tuple[Jail, CgroupGroup, asyncio.Queue[asyncio.Task[Executor]]]] = []
         self.sessions: dict[str, Session] = {}
         self.root: CgroupRoot | None = None
+        self._cold = asyncio.Semaphore(cfg.slots_per_worker)  # warm_pool=False: concurrent cold starts
+        self._cold_seq = 0
         self.stats: dict[str, int] = {
             "sandbox_starts": 0,
             "jail_starts": 0,
@@ -78,7 +80,7 @@ class PythonRunner:
         self.root = CgroupRoot(self.name, Path(self.cfg.cgroup_mount), self.cfg.cgroup_version or None)
         mem = self.cfg.memory_mb << 20
         jobs = []
-        for i in range(self.cfg.slots_per_worker):
+        for i in range(self.cfg.slots_per_worker if self.cfg.warm_pool else 0):
             cg = self.root.slot(f"slot{i}")
             cg.set_limits(mem + (32 << 20), self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
             jail = Jail(f"slot{i}", "oneshot", self.cfg, cg, self.runtime_dir)
@@ -136,7 +138,7 @@ class PythonRunner:
     async def health(self) -> dict[str, Any]:
         return {
             "capacity": self.capacity(),
-            "free_slots": self.free.qsize(),
+            "free_slots": self.free.qsize() if self.cfg.warm_pool else self._cold._value,
             "sessions": len(self.sessions),
             "jails_alive": sum(s.jail.alive for s in self.slots) + sum(j.alive for j, _, _ in self.session_jails),
             "jails_total": len(self.slots) + len(self.session_jails),
@@ -168,11 +170,45 @@ class PythonRunner:
         header, body = self._request(act, limits)
         if session_id is not None:
             return await self._session_step(session_id, header, body, limits)
+        if not self.cfg.warm_pool:
+            async with self._cold:
+                return await self._cold_oneshot(header, body, limits)
         slot = await self.free.get()
         try:
             return await self._oneshot(slot, header, body, limits)
         finally:
             self.free.put_nowait(slot)
+
+    async def _cold_oneshot(self, header: dict[str, Any], body: bytes, limits: StepLimits) -> dict[str, Any]:
+        """Everything a warm pool takes off the request path, on it: jail, cgroup, executor."""
+        assert self.root is not None
+        self._cold_seq += 1
+        name = f"cold{self._cold_seq}"
+        cg = self.root.slot(name)
+        jail = Jail(name, "oneshot", self.cfg, cg, self.runtime_dir)
+        try:
+            cg.set_limits((limits.memory_mb or self.cfg.memory_mb) + 32 << 20, self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
+            await jail.start()
+            self.stats["jail_starts"] += 1
+            executor = await self._spawn(jail)
+            before = cg.counters()
+            try:
+                result, out = await run_step(
+                    executor,
+                    header,
+                    body,
+                    limits.timeout_s,
+                    header["max_output_bytes"],
+                    self.cfg.output_kill_bytes,
+                    session=False,
+                    grace_s=0.0,
+                )
+            finally:
+                executor.close()
+            return self._observation(result, out, before, cg.counters())
+        finally:
+            await jail.stop()
+            await asyncio.to_thread(cg.remove)
 
     async def _take_executor(self, slot: Slot) -> Executor:
         task = slot.next_executor

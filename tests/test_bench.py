@@ -1,0 +1,122 @@
+"""`sandboxd bench` end to end (smoke preset, real nsjail), and its pure parts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import pricing
+from bench.stats import percentile, summary
+
+pytestmark = pytest.mark.nsjail
+
+
+def test_percentiles_interpolate_like_numpy() -> None:
+    vals = [1.0, 2.0, 3.0, 4.0]
+    assert percentile(vals, 50) == 2.5
+    assert percentile(vals, 99) == pytest.approx(3.97)
+    assert summary([], errors=0) == {
+        "count": 0,
+        "errors": 0,
+        "p50": None,
+        "p95": None,
+        "p99": None,
+        "mean": None,
+        "max": None,
+    }
+
+
+def test_prices_scale_by_vcpu_and_unknown_types_cost_nothing() -> None:
+    table = pricing.load_table()
+    assert table["c7i.4xlarge"].hourly_usd == 0.714
+    assert table["c7i.large"].hourly_usd == round(0.714 * 2 / 16, 4)
+    for family in ("m7i", "m8i", "m8g", "m9g", "c7i", "c8g"):
+        assert f"{family}.8xlarge" in table
+    assert pricing.hourly_price("unknown") == 0.0
+    assert pricing.cost_per_1k(0.0, 100.0) is None
+    assert pricing.cost_per_1k(3.6, 1.0) == 1.0
+
+
+def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "sandboxd",
+        "bench",
+        "B1",
+        "B8",
+        "--preset",
+        "smoke",
+        "--out",
+        str(tmp_path),
+        "--instance-type",
+        "c7i.large",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / Path(__import__("platform").machine())).iterdir())
+    summary_doc = json.loads((run_dir / "summary.json").read_text())
+    assert summary_doc["config"]["preset"] == "smoke" and summary_doc["instance"]["instance_type"] == "c7i.large"
+    html = (run_dir / "report.html").read_text()
+    assert (
+        "<svg" in html
+        and "B1 throughput" in html
+        and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    )
+
+    for level in (1, 4):
+        r = json.loads((run_dir / "B1_codeexec" / f"c{level:04d}.json").read_text())
+        assert {
+            "benchmark",
+            "instance",
+            "concurrency",
+            "duration_sec",
+            "throughput",
+            "latency_ms",
+            "resource",
+            "cost",
+            "extra",
+        } <= r.keys()
+        assert {"instance_type", "arch", "vcpus", "cpu_model"} <= r["instance"].keys()
+        assert r["throughput"]["executions_per_sec"] > 0 and r["throughput"]["total_ops"] > 0
+        assert {"count", "errors", "p50", "p95", "p99", "mean", "max"} <= r["latency_ms"].keys()
+        assert r["latency_ms"]["errors"] == 0
+        assert r["resource"]["cpu_util_avg"] is not None and r["resource"]["mem_peak_gb"] > 0
+        assert r["cost"]["instance_hourly_usd"] == 0.0892 and r["cost"]["cost_per_1k_units_usd"] > 0
+        assert (
+            r["extra"]["corpus_size"]
+            == r["extra"]["corpus_breakdown"]["humaneval"] + r["extra"]["corpus_breakdown"]["mbpp_sanitized"]
+        )
+        assert r["extra"]["pass_rate"] >= 0.99, r["extra"]
+    rollup = json.loads((run_dir / "B1_codeexec" / "rollup.json").read_text())
+    assert [x["concurrency"] for x in rollup["runs"]] == [1, 4]
+
+    b8 = json.loads((run_dir / "B8_coldstart" / "c0001.json").read_text())
+    assert b8["throughput"]["total_starts"] == b8["extra"]["trials"] and b8["latency_ms"]["errors"] == 0
+    cold = b8["extra"]["warm_pool_disabled"]
+    assert cold["latency_ms"]["count"] == cold["trials"]
+    assert cold["latency_ms"]["p50"] > b8["latency_ms"]["p50"]  # the warm pool takes the jail start off the path
+
+    size = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sandboxd",
+            "size",
+            "--results",
+            str(tmp_path),
+            "--target-rollouts-per-s",
+            "1000",
+            "--p99-ms",
+            "1000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert size.returncode == 0, size.stderr
+    assert "m9g.4xlarge" in size.stdout and "c7i.large" in size.stdout and "$/1M units" in size.stdout
