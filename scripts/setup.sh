@@ -28,8 +28,7 @@ find_python() {
   command -v pyenv >/dev/null 2>&1 && roots+=("$(pyenv root)/versions")
   roots+=("$HOME/.pyenv/versions")
   for r in "${roots[@]}"; do
-    # Oldest first: 3.12 is the tested one (the raw-clone executor does not yet
-    # start under 3.13's interpreter; see docs/isolation.md).
+    # Oldest first: 3.12 is what CI runs; 3.13 works too (tests pass on both).
     for cand in $(ls -d "$r"/3.1[2-9]* 2>/dev/null | sort -V); do
       [[ -x "$cand/bin/python3" ]] && { echo "$cand/bin/python3"; return; }
     done

@@ -77,6 +77,11 @@ WORKDIR = "/tmp"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
+# What os.fork() does around fork(2), done around our clone(2): take the
+# interpreter's fork locks before, release them after, in each process. 3.13
+# aborts ("unlocking a recursive mutex that is not owned") without the first.
+_before_fork = ctypes.pythonapi.PyOS_BeforeFork
+_after_fork_parent = ctypes.pythonapi.PyOS_AfterFork_Parent
 _after_fork_child = ctypes.pythonapi.PyOS_AfterFork_Child
 
 
@@ -96,12 +101,15 @@ def _mount(src: str, dst: str, fstype: str, flags: int, data: str = "") -> None:
 def _clone_namespaced() -> int:
     """fork() into new mount and pid namespaces in one system call."""
     flags = CLONE_NEWNS | CLONE_NEWPID | signal.SIGCHLD
+    _before_fork()
     pid = _libc.syscall(SYS_CLONE[os.uname().machine], ctypes.c_ulong(flags), 0, 0, 0, 0)
-    if pid < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"clone: {os.strerror(err)}")
     if pid == 0:
-        _after_fork_child()  # what os.fork() does for the interpreter in a child
+        _after_fork_child()
+        return 0
+    err = ctypes.get_errno()
+    _after_fork_parent()
+    if pid < 0:
+        raise OSError(err, f"clone: {os.strerror(err)}")
     return int(pid)
 
 
