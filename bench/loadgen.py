@@ -30,6 +30,9 @@ class LevelSamples:
     errors: int = 0
     passed: int = 0
     graded: int = 0
+    units: int = 0
+    steps: int = 0
+    reward: float = 0.0
     client_cpu_s: float = 0.0
     nprocs: int = 0
     error_examples: list[str] = field(default_factory=list)
@@ -40,7 +43,10 @@ async def _child_main(
 ) -> dict[str, Any]:
     wl = WORKLOADS[workload]
     state = wl.setup()
-    out: dict[str, Any] = {"lat": [], "ch": {}, "ops": 0, "errors": 0, "passed": 0, "graded": 0, "examples": []}
+    out: dict[str, Any] = {
+        "lat": [], "ch": {}, "ops": 0, "errors": 0, "passed": 0, "graded": 0, "examples": [],
+        "units": 0, "steps": 0, "reward": 0.0,
+    }  # fmt: skip
     start = time.monotonic()
     measure_from, stop = start + warmup_s, start + warmup_s + duration_s
 
@@ -60,6 +66,9 @@ async def _child_main(
                     ms = (time.perf_counter() - t) * 1000
                     out["lat"].append(ms)
                     out["ops"] += 1
+                    out["units"] += res.units
+                    out["steps"] += res.steps
+                    out["reward"] += res.reward
                     if res.error:
                         out["errors"] += 1
                         if len(out["examples"]) < 3:
@@ -117,6 +126,9 @@ def run_level(
         res.errors += out["errors"]
         res.passed += out["passed"]
         res.graded += out["graded"]
+        res.units += out["units"]
+        res.steps += out["steps"]
+        res.reward += out["reward"]
         res.client_cpu_s += out["cpu_s"]
         res.error_examples += out["examples"]
     for p in ps:

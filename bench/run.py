@@ -58,7 +58,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "b8_cold_trials": 200,
     },
 }
-KNOWN = ("B1", "B8")
+KNOWN = ("B1", "B7", "B8")
 
 
 @dataclass
@@ -155,42 +155,42 @@ def _timestamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
 
 
-def run_b1(target: str, c: int, plan: Plan, instance: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    wl = WORKLOADS["B1"]
-    progress.begin(f"B1 c={c}", plan.warmup + plan.duration)
+def run_timed(
+    wl_id: str, target: str, c: int, plan: Plan, instance: dict[str, Any], progress: Progress
+) -> dict[str, Any]:
+    """One time-driven level of a closed-loop workload (B1, B7, ...)."""
+    wl = WORKLOADS[wl_id]
+    progress.begin(f"{wl_id} c={c}", plan.warmup + plan.duration)
     ncpu = instance["vcpus"]
+    seed = wl.seed_base ^ c
     with Sampler(delay_s=plan.warmup, window_s=plan.duration) as sampler:
-        s = loadgen.run_level("B1", target, c, plan.warmup, plan.duration, seed=0xB1 ^ c)
-    tput = s.ops / plan.duration
-    corpus = wl.setup()
-    from bench.corpus import humaneval, mbpp
-
+        s = loadgen.run_level(wl_id, target, c, plan.warmup, plan.duration, seed=seed)
+    throughput = wl.throughput(s, plan.duration)
+    primary = float(throughput[wl.throughput_key])
+    extra = {
+        **wl.extra(s),
+        "error_examples": s.error_examples,
+        "load_gen": {"nprocs": s.nprocs, "concurrency_per_proc": round(c / max(s.nprocs, 1), 2)},
+        "seed_base": seed,
+        "per_vcpu_throughput": round(primary / ncpu, 3),
+        "versions": _versions(),
+    }
     result = {
-        "benchmark": "B1",
+        "benchmark": wl_id,
         "workload": wl.name,
         "instance": instance,
         "concurrency": c,
         "duration_sec": plan.duration,
-        "throughput": {wl.throughput_key: round(tput, 3), "total_ops": s.ops},
+        "throughput": throughput,
         "latency_ms": summary(s.latencies_ms, s.errors),
         "resource": sampler.result(s.client_cpu_s, plan.duration, ncpu),
-        "cost": _cost(instance, tput),
-        "extra": {
-            "corpus_size": len(corpus),
-            "corpus_breakdown": {"humaneval": len(humaneval()), "mbpp_sanitized": len(mbpp()), "fallback": 0},
-            "snippet_timeout_sec": 10,
-            "pass_rate": round(s.passed / s.graded, 4) if s.graded else None,
-            "graded": s.graded,
-            "error_examples": s.error_examples,
-            "load_gen": {"nprocs": s.nprocs, "concurrency_per_proc": round(c / max(s.nprocs, 1), 2)},
-            "seeds": {"corpus_shuffle": 42, "seed_base": 0xB1 ^ c},
-            "per_vcpu_throughput": round(tput / ncpu, 3),
-            "versions": _versions(),
-        },
+        "cost": _cost(instance, primary),
+        "extra": extra,
         "timestamp": _timestamp(),
     }
+    graded = f"  pass {extra['pass_rate']}" if "pass_rate" in extra else ""
     progress.end(
-        f"B1 c={c:<4} {tput:9.1f} exec/s  p99 {result['latency_ms']['p99']} ms  pass {result['extra']['pass_rate']}"
+        f"{wl_id} c={c:<4} {primary:9.1f} {wl.unit}/s  p99 {result['latency_ms']['p99']} ms{graded}"
         f"  errors {s.errors}  host cpu {result['resource']['cpu_util_avg']}%"
         f"  client {result['resource']['client_cpu_cores']} cores"
     )
@@ -261,15 +261,15 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
         if "B8" in plan.workloads and target is None and plan.b8_cold_trials > 0:
             cold_base = stack.enter_context(embedded_node({"SANDBOXD_PYTHON__WARM_POOL": "false"}))
         for wl in plan.workloads:
-            folder = run_dir / f"{wl}_{'codeexec' if wl == 'B1' else 'coldstart'}"
+            folder = run_dir / f"{wl}_{'coldstart' if wl == 'B8' else WORKLOADS[wl].name}"
             folder.mkdir(exist_ok=True)
             runs = []
             for c in plan.concurrency:
                 try:
                     res = (
-                        run_b1(base, c, plan, instance, progress)
-                        if wl == "B1"
-                        else run_b8(base, cold_base, c, plan, instance, progress)
+                        run_b8(base, cold_base, c, plan, instance, progress)
+                        if wl == "B8"
+                        else run_timed(wl, base, c, plan, instance, progress)
                     )
                 except Exception as exc:  # one level failing must not lose the others
                     progress.end(f"{wl} c={c}: FAILED {type(exc).__name__}: {exc}")

@@ -19,6 +19,9 @@ class OpResult:
     error: str | None = None  # client or infrastructure failure (non-2xx, not a program's failure)
     passed: bool | None = None  # graded outcome where the workload defines one
     channel: str | None = None  # per-task / per-query latency channel
+    units: int = 1  # sub-units done by the op (B7: episodes), for throughput
+    steps: int = 0  # B7: game steps done
+    reward: float = 0.0  # B7: reward collected
 
 
 class Workload(Protocol):
@@ -26,6 +29,7 @@ class Workload(Protocol):
     name: str
     unit: str
     throughput_key: str
+    seed_base: int
 
     def setup(self) -> Any: ...
 
@@ -33,11 +37,15 @@ class Workload(Protocol):
 
     def failed(self, why: str) -> OpResult: ...
 
+    def throughput(self, s: Any, duration_s: float) -> dict[str, Any]: ...
+
+    def extra(self, s: Any) -> dict[str, Any]: ...
+
 
 class CodeExec:
     """B1: one self-contained program (solution + asserts) per op; exit 0 = pass."""
 
-    id, name, unit, throughput_key = "B1", "codeexec", "exec", "executions_per_sec"
+    id, name, unit, throughput_key, seed_base = "B1", "codeexec", "exec", "executions_per_sec", 0xB1
     timeout_s = 10
 
     def setup(self) -> list[str]:
@@ -59,5 +67,64 @@ class CodeExec:
     def failed(self, why: str) -> OpResult:
         return OpResult(error=why)
 
+    def throughput(self, s: Any, duration_s: float) -> dict[str, Any]:
+        return {self.throughput_key: round(s.ops / duration_s, 3), "total_ops": s.ops}
 
-WORKLOADS: dict[str, Workload] = {"B1": CodeExec()}
+    def extra(self, s: Any) -> dict[str, Any]:
+        from bench.corpus import humaneval, mbpp
+
+        he, mb = len(humaneval()), len(mbpp())
+        return {
+            "corpus_size": he + mb,
+            "corpus_breakdown": {"humaneval": he, "mbpp_sanitized": mb, "fallback": 0},
+            "snippet_timeout_sec": self.timeout_s,
+            "pass_rate": round(s.passed / s.graded, 4) if s.graded else None,
+            "graded": s.graded,
+            "corpus_shuffle_seed": 42,
+        }
+
+
+class TextGame:
+    """B7: one op = a batch of 10 episodes of 30-50 steps, played server-side by the scripted agent."""
+
+    id, name, unit, throughput_key, seed_base = "B7", "textgame", "episode", "episodes_per_sec", 0xB7
+    batch = 10
+
+    def setup(self) -> None:
+        return None
+
+    async def op(self, conn: Connection, rng: random.Random, state: None) -> OpResult:
+        steps = rng.randint(30, 50)
+        action = {"op": "episodes", "seed": rng.randrange(2**30), "steps": steps, "batch": self.batch}
+        status, result = await conn.request("POST", "/rollout/step", {"runner": "textgame", "action": action})
+        if status != 200:
+            err = (result or {}).get("error") or {}
+            return OpResult(error=f"HTTP {status} {err.get('code')}: {err.get('message')}")
+        obs = result["observation"]
+        return OpResult(units=obs["episodes"], steps=obs["steps_done"], reward=obs["total_reward"])
+
+    def failed(self, why: str) -> OpResult:
+        return OpResult(error=why, units=0)
+
+    def throughput(self, s: Any, duration_s: float) -> dict[str, Any]:
+        return {
+            self.throughput_key: round(s.units / duration_s, 3),
+            "steps_per_sec": round(s.steps / duration_s, 1),
+            "requests_per_sec": round(s.ops / duration_s, 3),
+            "total_episodes": s.units,
+            "total_steps": s.steps,
+        }
+
+    def extra(self, s: Any) -> dict[str, Any]:
+        return {
+            "episode_steps_range": [30, 50],
+            "episodes_per_request": self.batch,
+            "avg_steps_per_episode": round(s.steps / s.units, 2) if s.units else None,
+            "avg_reward_per_episode": round(s.reward / s.units, 4) if s.units else None,
+            "world_rooms": 8,
+            "world_items": 30,
+            "goal_templates": 6,
+        }
+
+
+WORKLOADS: dict[str, Workload] = {"B1": CodeExec(), "B7": TextGame()}

@@ -119,6 +119,18 @@ class FakeRunnerConfig(BaseModel):
     slots_per_worker: int = Field(8, ge=1, description="Concurrent fake steps per worker.")
 
 
+class TextgameRunnerConfig(BaseModel):
+    """Text-game worlds (B7): pure data in the worker, one world per session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["textgame"] = "textgame"
+    slots_per_worker: int = Field(
+        8, ge=1, description="Concurrent one-shot textgame steps (episode batches) per worker."
+    )
+    max_sessions_per_worker: int = Field(10_000, ge=1, description="Live textgame sessions per worker; more is a 429.")
+
+
 def _default_runtime_dir() -> str:
     return str(Path(tempfile.gettempdir()) / f"sandboxd-{os.getpid()}")
 
@@ -131,7 +143,9 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address the gateway listens on.")
     port: int = Field(8080, ge=0, le=65535, description="Port the gateway listens on (0 = any free port).")
     workers: int = Field(0, ge=0, le=512, description="Worker processes; 0 = one per vCPU.")
-    runners: list[str] = Field(default_factory=lambda: ["python"], description="Runner kinds enabled on this node.")
+    runners: list[str] = Field(
+        default_factory=lambda: ["python", "textgame"], description="Runner kinds enabled on this node."
+    )
     queue_max: int = Field(
         1024, ge=0, description="Steps allowed to wait for a slot; beyond this a step gets 429 with Retry-After."
     )
@@ -164,12 +178,13 @@ class Settings(BaseSettings):
     log_level: str = Field("info", description="Log level of the gateway and workers.")
     python: PythonRunnerConfig = Field(default_factory=PythonRunnerConfig)
     fake: FakeRunnerConfig = Field(default_factory=FakeRunnerConfig)
+    textgame: TextgameRunnerConfig = Field(default_factory=TextgameRunnerConfig)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
         if self.default_timeout_s > self.max_timeout_s:
             raise ValueError("default_timeout_s must not exceed max_timeout_s")
-        known = {"python", "fake"}
+        known = {"python", "fake", "textgame"}
         unknown = set(self.runners) - known
         if unknown:
             raise ValueError(f"unknown runner kinds {sorted(unknown)}; known: {sorted(known)}")

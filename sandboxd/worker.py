@@ -37,6 +37,8 @@ def build_runner(kind: str, settings: Settings, name: str) -> Runner:
         runner: Runner = cls(settings.python, runtime, name)
     elif kind == "fake":
         runner = cls(settings.fake)
+    elif kind == "textgame":
+        runner = cls(settings.textgame)
     else:
         raise UnknownRunner(f"runner {kind!r} is not known")
     return runner

@@ -48,6 +48,7 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
         "sandboxd",
         "bench",
         "B1",
+        "B7",
         "B8",
         "--preset",
         "smoke",
@@ -58,6 +59,7 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "FAILED" not in proc.stdout, proc.stdout
     (run_dir,) = list((tmp_path / Path(__import__("platform").machine())).iterdir())
     summary_doc = json.loads((run_dir / "summary.json").read_text())
     assert summary_doc["config"]["preset"] == "smoke" and summary_doc["instance"]["instance_type"] == "c7i.large"
@@ -94,6 +96,12 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
         assert r["extra"]["pass_rate"] >= 0.99, r["extra"]
     rollup = json.loads((run_dir / "B1_codeexec" / "rollup.json").read_text())
     assert [x["concurrency"] for x in rollup["runs"]] == [1, 4]
+
+    b7 = json.loads((run_dir / "B7_textgame" / "c0004.json").read_text())
+    assert b7["throughput"]["episodes_per_sec"] > 0 and b7["latency_ms"]["errors"] == 0
+    requests = b7["throughput"]["requests_per_sec"] * b7["duration_sec"]
+    assert abs(b7["throughput"]["total_episodes"] - 10 * requests) < 1
+    assert 30 <= b7["extra"]["avg_steps_per_episode"] <= 50 and b7["extra"]["avg_reward_per_episode"] >= 1.0
 
     b8 = json.loads((run_dir / "B8_coldstart" / "c0001.json").read_text())
     assert b8["throughput"]["total_starts"] == b8["extra"]["trials"] and b8["latency_ms"]["errors"] == 0
