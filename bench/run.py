@@ -58,7 +58,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "b8_cold_trials": 200,
     },
 }
-KNOWN = ("B1", "B7", "B8")
+KNOWN = ("B1", "B3", "B7", "B8")
 
 
 @dataclass

@@ -127,4 +127,63 @@ class TextGame:
         }
 
 
-WORKLOADS: dict[str, Workload] = {"B1": CodeExec(), "B7": TextGame()}
+class ToolCall:
+    """B3: one op = one whole trajectory (~11.6 calls) in a fresh tools session, created and closed by the op."""
+
+    id, name, unit, throughput_key, seed_base = "B3", "toolcall", "trajectory", "trajectories_per_sec", 0xB3
+
+    def setup(self) -> list[tuple[str, list[tuple[str, dict[str, Any]]]]]:
+        from bench.trajectories import build_pool
+
+        return build_pool(42)
+
+    async def op(self, conn: Connection, rng: random.Random, state: Any) -> OpResult:
+        name, steps = state[rng.randrange(len(state))]
+        status, info = await conn.request("POST", "/sessions", {"runner": "tools"})
+        if status != 201:
+            return OpResult(error=f"HTTP {status} creating a session: {(info or {}).get('error')}", channel=name)
+        sid = info["session_id"]
+        ok = True
+        try:
+            for tool, args in steps:
+                body = {"runner": "tools", "action": {"tool": tool, "args": args}, "session_id": sid}
+                status, result = await conn.request("POST", "/rollout/step", body)
+                if status != 200:
+                    err = (result or {}).get("error") or {}
+                    return OpResult(error=f"HTTP {status} {err.get('code')}: {err.get('message')}", channel=name)
+                ok = ok and result["observation"]["error"] is None
+        finally:
+            await conn.request("DELETE", f"/sessions/{sid}")
+        return OpResult(passed=ok, channel=name, steps=len(steps))
+
+    def failed(self, why: str) -> OpResult:
+        return OpResult(error=why)
+
+    def throughput(self, s: Any, duration_s: float) -> dict[str, Any]:
+        return {
+            self.throughput_key: round(s.ops / duration_s, 3),
+            "tool_calls_per_sec": round(s.steps / duration_s, 1),
+            "total_trajectories": s.ops,
+            "total_tool_calls": s.steps,
+        }
+
+    def extra(self, s: Any) -> dict[str, Any]:
+        from bench.stats import summary
+        from bench.trajectories import TEMPLATES
+
+        pool = self.setup()
+        return {
+            "trajectory_pool_size": len(pool),
+            "trajectory_breakdown": {
+                "templates": TEMPLATES,
+                "seed": 42,
+                "avg_steps": round(sum(len(x) for _, x in pool) / len(pool), 2),
+            },
+            "avg_steps_per_trajectory": round(s.steps / s.ops, 2) if s.ops else None,
+            "pass_rate": round(s.passed / s.graded, 4) if s.graded else None,
+            "per_template_latency_ms": {k: summary(v) for k, v in sorted(s.channels.items())},
+            "note": "each op also creates and closes its session (2 of its HTTP calls)",
+        }
+
+
+WORKLOADS: dict[str, Workload] = {"B1": CodeExec(), "B3": ToolCall(), "B7": TextGame()}

@@ -16,8 +16,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from runners.base import import_string
 from sandboxd.config import Settings
-from sandboxd.errors import SandboxdError, Saturated
+from sandboxd.errors import SandboxdError, Saturated, UnknownRunner
 from sandboxd.gateway import Gateway
 from sandboxd.protocol import BatchRequest, BatchResult, SessionCreate, SessionInfo, StepRequest, StepResult
 
@@ -100,6 +101,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def delete_session(session_id: str) -> Response:
         await gateway.close_session(session_id)
         return Response(status_code=204)
+
+    @app.get("/runners")
+    async def list_runners() -> Response:
+        """Runner kinds enabled on this node."""
+        return _json({"runners": settings.runners})
+
+    @app.get("/runners/{kind}")
+    async def describe_runner(kind: str) -> Response:
+        """A runner's action schema, and for ``tools`` the tool listing in the OpenAI function-calling shape."""
+        model = gateway.models.get(kind)
+        if model is None:
+            raise UnknownRunner(f"runner {kind!r} is not enabled on this node (enabled: {settings.runners})")
+        body: dict[str, object] = {"runner": kind, "action_schema": model.model_json_schema()}
+        extra = getattr(model, "describe_runner", None)
+        if isinstance(extra, str):
+            body["tools"] = import_string(extra)()
+        return _json(body)
 
     @app.get("/healthz")
     async def healthz() -> Response:

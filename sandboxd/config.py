@@ -119,6 +119,16 @@ class FakeRunnerConfig(BaseModel):
     slots_per_worker: int = Field(8, ge=1, description="Concurrent fake steps per worker.")
 
 
+class ToolsRunnerConfig(BaseModel):
+    """tau-bench-like retail tools (B3): a seeded database, a copy-on-write overlay per session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["tools"] = "tools"
+    slots_per_worker: int = Field(16, ge=1, description="Concurrent one-shot tool calls per worker.")
+    max_sessions_per_worker: int = Field(10_000, ge=1, description="Live tools sessions per worker; more is a 429.")
+
+
 class TextgameRunnerConfig(BaseModel):
     """Text-game worlds (B7): pure data in the worker, one world per session."""
 
@@ -144,7 +154,7 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=0, le=65535, description="Port the gateway listens on (0 = any free port).")
     workers: int = Field(0, ge=0, le=512, description="Worker processes; 0 = one per vCPU.")
     runners: list[str] = Field(
-        default_factory=lambda: ["python", "textgame"], description="Runner kinds enabled on this node."
+        default_factory=lambda: ["python", "tools", "textgame"], description="Runner kinds enabled on this node."
     )
     queue_max: int = Field(
         1024, ge=0, description="Steps allowed to wait for a slot; beyond this a step gets 429 with Retry-After."
@@ -178,13 +188,14 @@ class Settings(BaseSettings):
     log_level: str = Field("info", description="Log level of the gateway and workers.")
     python: PythonRunnerConfig = Field(default_factory=PythonRunnerConfig)
     fake: FakeRunnerConfig = Field(default_factory=FakeRunnerConfig)
+    tools: ToolsRunnerConfig = Field(default_factory=ToolsRunnerConfig)
     textgame: TextgameRunnerConfig = Field(default_factory=TextgameRunnerConfig)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
         if self.default_timeout_s > self.max_timeout_s:
             raise ValueError("default_timeout_s must not exceed max_timeout_s")
-        known = {"python", "fake", "textgame"}
+        known = {"python", "fake", "tools", "textgame"}
         unknown = set(self.runners) - known
         if unknown:
             raise ValueError(f"unknown runner kinds {sorted(unknown)}; known: {sorted(known)}")

@@ -39,6 +39,8 @@ def build_runner(kind: str, settings: Settings, name: str) -> Runner:
         runner = cls(settings.fake)
     elif kind == "textgame":
         runner = cls(settings.textgame)
+    elif kind == "tools":
+        runner = cls(settings.tools)
     else:
         raise UnknownRunner(f"runner {kind!r} is not known")
     return runner

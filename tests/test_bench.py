@@ -48,6 +48,7 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
         "sandboxd",
         "bench",
         "B1",
+        "B3",
         "B7",
         "B8",
         "--preset",
@@ -96,6 +97,11 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
         assert r["extra"]["pass_rate"] >= 0.99, r["extra"]
     rollup = json.loads((run_dir / "B1_codeexec" / "rollup.json").read_text())
     assert [x["concurrency"] for x in rollup["runs"]] == [1, 4]
+
+    b3 = json.loads((run_dir / "B3_toolcall" / "c0004.json").read_text())
+    assert b3["throughput"]["trajectories_per_sec"] > 0 and b3["latency_ms"]["errors"] == 0
+    assert b3["extra"]["pass_rate"] == 1.0 and 10 <= b3["extra"]["avg_steps_per_trajectory"] <= 14
+    assert b3["extra"]["per_template_latency_ms"]
 
     b7 = json.loads((run_dir / "B7_textgame" / "c0004.json").read_text())
     assert b7["throughput"]["episodes_per_sec"] > 0 and b7["latency_ms"]["errors"] == 0
