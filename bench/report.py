@@ -9,8 +9,8 @@ import html
 import math
 from typing import Any
 
-TITLES = {"B1": "CodeExec", "B3": "ToolCall", "B7": "Sim-TextGame", "B8": "ColdStart"}
-UNITS = {"B1": "exec/s", "B3": "traj/s", "B7": "episodes/s", "B8": "starts/s"}
+TITLES = {"B1": "CodeExec", "B3": "ToolCall", "B5": "SQLExec", "B7": "Sim-TextGame", "B8": "ColdStart"}
+UNITS = {"B1": "exec/s", "B3": "traj/s", "B5": "queries/s", "B7": "episodes/s", "B8": "starts/s"}
 
 
 def _primary(run: dict[str, Any]) -> tuple[float, float | None]:

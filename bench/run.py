@@ -58,7 +58,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "b8_cold_trials": 200,
     },
 }
-KNOWN = ("B1", "B3", "B7", "B8")
+KNOWN = ("B1", "B3", "B5", "B7", "B8")
+SCALE_FACTOR = {"smoke": "0.01", "quick": "0.1", "full": "1"}  # TPC-H sf of an embedded node
 
 
 @dataclass
@@ -256,7 +257,7 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
     )
     results: dict[str, list[dict[str, Any]]] = {}
     with contextlib.ExitStack() as stack:
-        base = target or stack.enter_context(embedded_node())
+        base = target or stack.enter_context(embedded_node({"SANDBOXD_SQL__SCALE_FACTOR": SCALE_FACTOR[plan.preset]}))
         cold_base = None
         if "B8" in plan.workloads and target is None and plan.b8_cold_trials > 0:
             cold_base = stack.enter_context(embedded_node({"SANDBOXD_PYTHON__WARM_POOL": "false"}))

@@ -186,4 +186,40 @@ class ToolCall:
         }
 
 
-WORKLOADS: dict[str, Workload] = {"B1": CodeExec(), "B3": ToolCall(), "B7": TextGame()}
+class SQLExec:
+    """B5: one TPC-H query (Q1-Q22, uniformly drawn) per op on the node's shared data; per-query channels."""
+
+    id, name, unit, throughput_key, seed_base = "B5", "sqlexec", "query", "queries_per_sec", 0xB5
+
+    def setup(self) -> None:
+        return None
+
+    async def op(self, conn: Connection, rng: random.Random, state: None) -> OpResult:
+        n = rng.randint(1, 22)
+        status, result = await conn.request(
+            "POST", "/rollout/step", {"runner": "sql", "action": {"tpch": n}, "timeout_s": 60}
+        )
+        channel = f"Q{n:02d}"
+        if status != 200:
+            err = (result or {}).get("error") or {}
+            return OpResult(error=f"HTTP {status} {err.get('code')}: {err.get('message')}", channel=channel)
+        return OpResult(passed=bool(result["ok"]), channel=channel)
+
+    def failed(self, why: str) -> OpResult:
+        return OpResult(error=why)
+
+    def throughput(self, s: Any, duration_s: float) -> dict[str, Any]:
+        return {self.throughput_key: round(s.ops / duration_s, 3), "total_queries": s.ops}
+
+    def extra(self, s: Any) -> dict[str, Any]:
+        from bench.stats import summary
+
+        return {
+            "queries": 22,
+            "pass_rate": round(s.passed / s.graded, 4) if s.graded else None,
+            "per_query_latency_ms": {k: summary(v) for k, v in sorted(s.channels.items())},
+            "scale_factor_note": "the node's SANDBOXD_SQL__SCALE_FACTOR; embedded: smoke 0.01, quick 0.1, full 1",
+        }
+
+
+WORKLOADS: dict[str, Workload] = {"B1": CodeExec(), "B3": ToolCall(), "B5": SQLExec(), "B7": TextGame()}

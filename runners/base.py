@@ -67,6 +67,7 @@ class RunnerEntry:
 REGISTRY: dict[str, RunnerEntry] = {
     "python": RunnerEntry("runners.python.models:PythonAction", "runners.python.runner:PythonRunner"),
     "fake": RunnerEntry("runners.fake:FakeAction", "runners.fake:FakeRunner"),
+    "sql": RunnerEntry("runners.sql.models:SQLAction", "runners.sql.runner:SQLRunner"),
     "tools": RunnerEntry("runners.tools.models:ToolAction", "runners.tools.runner:ToolsRunner"),
     "textgame": RunnerEntry("runners.textgame.models:TextgameAction", "runners.textgame.runner:TextgameRunner"),
 }

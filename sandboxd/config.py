@@ -129,6 +129,27 @@ class ToolsRunnerConfig(BaseModel):
     max_sessions_per_worker: int = Field(10_000, ge=1, description="Live tools sessions per worker; more is a 429.")
 
 
+class SQLRunnerConfig(BaseModel):
+    """DuckDB over shared read-only TPC-H data (B5)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["sql"] = "sql"
+    slots_per_worker: int = Field(4, ge=1, description="Concurrent one-shot SQL statements per worker.")
+    max_sessions_per_worker: int = Field(1024, ge=1, description="Live SQL sessions (connections) per worker.")
+    scale_factor: float = Field(
+        0.1, gt=0, le=100, description="TPC-H scale factor (1 for the full B5; 0.1 builds in ~3 s)."
+    )
+    data_dir: str = Field(
+        "/var/tmp/sandboxd/tpch", description="Where the generated TPC-H database is kept and reused."
+    )
+    threads: int = Field(
+        1, ge=1, description="DuckDB threads per worker's database (concurrency comes from many statements)."
+    )
+    memory_mb: int = Field(1024, ge=64, description="DuckDB memory limit per worker.")
+    max_rows: int = Field(1000, ge=1, description="Rows returned per statement at most; the result says truncated.")
+
+
 class TextgameRunnerConfig(BaseModel):
     """Text-game worlds (B7): pure data in the worker, one world per session."""
 
@@ -154,7 +175,7 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=0, le=65535, description="Port the gateway listens on (0 = any free port).")
     workers: int = Field(0, ge=0, le=512, description="Worker processes; 0 = one per vCPU.")
     runners: list[str] = Field(
-        default_factory=lambda: ["python", "tools", "textgame"], description="Runner kinds enabled on this node."
+        default_factory=lambda: ["python", "tools", "sql", "textgame"], description="Runner kinds enabled on this node."
     )
     queue_max: int = Field(
         1024, ge=0, description="Steps allowed to wait for a slot; beyond this a step gets 429 with Retry-After."
@@ -189,13 +210,14 @@ class Settings(BaseSettings):
     python: PythonRunnerConfig = Field(default_factory=PythonRunnerConfig)
     fake: FakeRunnerConfig = Field(default_factory=FakeRunnerConfig)
     tools: ToolsRunnerConfig = Field(default_factory=ToolsRunnerConfig)
+    sql: SQLRunnerConfig = Field(default_factory=SQLRunnerConfig)
     textgame: TextgameRunnerConfig = Field(default_factory=TextgameRunnerConfig)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
         if self.default_timeout_s > self.max_timeout_s:
             raise ValueError("default_timeout_s must not exceed max_timeout_s")
-        known = {"python", "fake", "tools", "textgame"}
+        known = {"python", "fake", "tools", "sql", "textgame"}
         unknown = set(self.runners) - known
         if unknown:
             raise ValueError(f"unknown runner kinds {sorted(unknown)}; known: {sorted(known)}")

@@ -41,6 +41,8 @@ def build_runner(kind: str, settings: Settings, name: str) -> Runner:
         runner = cls(settings.textgame)
     elif kind == "tools":
         runner = cls(settings.tools)
+    elif kind == "sql":
+        runner = cls(settings.sql)
     else:
         raise UnknownRunner(f"runner {kind!r} is not known")
     return runner

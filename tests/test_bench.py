@@ -49,6 +49,7 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
         "bench",
         "B1",
         "B3",
+        "B5",
         "B7",
         "B8",
         "--preset",
@@ -102,6 +103,10 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
     assert b3["throughput"]["trajectories_per_sec"] > 0 and b3["latency_ms"]["errors"] == 0
     assert b3["extra"]["pass_rate"] == 1.0 and 10 <= b3["extra"]["avg_steps_per_trajectory"] <= 14
     assert b3["extra"]["per_template_latency_ms"]
+
+    b5 = json.loads((run_dir / "B5_sqlexec" / "c0004.json").read_text())
+    assert b5["throughput"]["queries_per_sec"] > 0 and b5["extra"]["pass_rate"] == 1.0
+    assert set(b5["extra"]["per_query_latency_ms"]) <= {f"Q{n:02d}" for n in range(1, 23)}
 
     b7 = json.loads((run_dir / "B7_textgame" / "c0004.json").read_text())
     assert b7["throughput"]["episodes_per_sec"] > 0 and b7["latency_ms"]["errors"] == 0
