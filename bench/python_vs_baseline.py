@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
 from bench.corpus import b1
 from bench.http import Connection
-from sandboxd.cli import free_port, wait_ready
+from sandboxd.localnode import local_node
 
 
 @dataclass
@@ -178,16 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     python = os.path.realpath(sys.executable)  # the real interpreter, never a pyenv shim
-    server = None
-    target = args.target
-    if target is None:
-        port = free_port()
-        target = f"http://127.0.0.1:{port}"
-        env = dict(os.environ, SANDBOXD_PORT=str(port), SANDBOXD_LOG_LEVEL="warning")
-        server = subprocess.Popen([sys.executable, "-m", "sandboxd", "serve"], env=env)
-        if not wait_ready(target, proc=server):
-            print("sandboxd did not start", file=sys.stderr)
-            return 1
+    stack = contextlib.ExitStack()
+    # SANDBOXD_* of the caller configure the embedded node (e.g. slots per worker).
+    target = args.target or stack.enter_context(local_node(inherit=True))
     exclude = frozenset(x for x in args.exclude.split(",") if x)
     corpus = programs(exclude)
     dropped = f", left out: {sorted(exclude)}" if exclude else ""
@@ -207,9 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     finally:
-        if server is not None:
-            server.terminate()
-            server.wait(30)
+        stack.close()
     print("\nratio to baseline (throughput, p99):")
     for c in sorted({r.concurrency for r in rows}):
         base = next((r for r in rows if r.concurrency == c and r.mode == "baseline"), None)

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,27 +82,11 @@ def _versions() -> dict[str, str]:
     return out
 
 
-@contextlib.contextmanager
-def embedded_node(extra_env: dict[str, str] | None = None) -> Iterator[str]:
-    from sandboxd.cli import free_port, wait_ready
+def embedded_node(settings: dict[str, str] | None = None) -> contextlib.AbstractContextManager[str]:
+    """A node of known configuration (the caller's SANDBOXD_* are not inherited)."""
+    from sandboxd.localnode import local_node
 
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_") or k == "SANDBOXD_BENCH_INSTANCE_TYPE"}
-    env.update({"SANDBOXD_PORT": str(port), "SANDBOXD_HOST": "127.0.0.1", "SANDBOXD_LOG_LEVEL": "warning"})
-    env.update(extra_env or {})
-    proc = subprocess.Popen([sys.executable, "-m", "sandboxd", "serve"], env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        if not wait_ready(base, timeout_s=180, proc=proc):
-            raise RuntimeError(f"embedded sandboxd did not become ready (exit {proc.poll()})")
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return local_node(settings)
 
 
 class Progress:

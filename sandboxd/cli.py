@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 
 EXIT_OK = 0
@@ -52,27 +48,6 @@ def _serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_ready(base_url: str, timeout_s: float = 120.0, proc: subprocess.Popen[bytes] | None = None) -> bool:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            return False
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
-                return True
-        time.sleep(0.2)
-    return False
-
-
 def _smoke(args: argparse.Namespace) -> int:
     from sandboxd.smoke import run_smoke
 
@@ -84,25 +59,17 @@ def _smoke(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, SANDBOXD_HOST="127.0.0.1", SANDBOXD_PORT=str(port))
-    print(f"starting sandboxd on {base} ...", flush=True)
-    proc = subprocess.Popen([sys.executable, "-m", "sandboxd", "serve"], env=env)
-    try:
-        if not wait_ready(base, proc=proc):
-            print("sandboxd did not become ready; see the log above", file=sys.stderr)
-            return EXIT_NOT_READY
-        from sandboxd.smoke import run_smoke
+    from sandboxd.localnode import NodeDidNotStart, local_node
+    from sandboxd.smoke import run_smoke
 
-        ok = asyncio.run(run_smoke(base, load_s=args.load_s, concurrency=args.concurrency))
-        return EXIT_OK if ok else EXIT_FAILED
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    print("starting sandboxd on a free loopback port ...", flush=True)
+    try:
+        with local_node({"SANDBOXD_LOG_LEVEL": os.environ.get("SANDBOXD_LOG_LEVEL", "info")}, inherit=True) as base:
+            ok = asyncio.run(run_smoke(base, load_s=args.load_s, concurrency=args.concurrency))
+    except NodeDidNotStart as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_NOT_READY
+    return EXIT_OK if ok else EXIT_FAILED
 
 
 def _doctor(_: argparse.Namespace) -> int:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
-from sandboxd.cli import free_port, wait_ready
+from sandboxd.localnode import local_node
 
 
 @pytest.fixture(autouse=True)
@@ -21,29 +19,17 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key)
 
 
-@contextlib.contextmanager
-def running_node(**settings: object) -> Iterator[str]:
-    """Start ``sandboxd serve`` as a subprocess with SANDBOXD_* settings; yield its URL."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    env.update({"SANDBOXD_HOST": "127.0.0.1", "SANDBOXD_PORT": str(port), "SANDBOXD_LOG_LEVEL": "warning"})
-    for key, value in settings.items():
-        env[f"SANDBOXD_{key.upper()}"] = (
-            value if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
-        )
-    proc = subprocess.Popen([sys.executable, "-m", "sandboxd", "serve"], env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        if not wait_ready(base, timeout_s=120, proc=proc):
-            raise RuntimeError(f"sandboxd did not become ready (exit {proc.poll()})")
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def running_node(**settings: object) -> contextlib.AbstractContextManager[str]:
+    """A real node as a subprocess; keyword arguments become SANDBOXD_* settings."""
+    env = {
+        f"SANDBOXD_{key.upper()}": value
+        if isinstance(value, str)
+        else str(value).lower()
+        if isinstance(value, bool)
+        else str(value)
+        for key, value in settings.items()
+    }
+    return local_node(env, timeout_s=120)
 
 
 @pytest.fixture

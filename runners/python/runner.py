@@ -187,25 +187,10 @@ class PythonRunner:
         cg = self.root.slot(name)
         jail = Jail(name, "oneshot", self.cfg, cg, self.runtime_dir)
         try:
-            cg.set_limits((limits.memory_mb or self.cfg.memory_mb) + 32 << 20, self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
+            cg.set_limits(self._slot_memory(limits), self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
             await jail.start()
             self.stats["jail_starts"] += 1
-            executor = await self._spawn(jail)
-            before = cg.counters()
-            try:
-                result, out = await run_step(
-                    executor,
-                    header,
-                    body,
-                    limits.timeout_s,
-                    header["max_output_bytes"],
-                    self.cfg.output_kill_bytes,
-                    session=False,
-                    grace_s=0.0,
-                )
-            finally:
-                executor.close()
-            return self._observation(result, out, before, cg.counters())
+            return await self._run_in(jail, cg, await self._spawn(jail), header, body, limits)
         finally:
             await jail.stop()
             await asyncio.to_thread(cg.remove)
@@ -225,35 +210,41 @@ class PythonRunner:
             self.stats["jail_starts"] += 1
             return await self._spawn(slot.jail)
 
+    def _slot_memory(self, limits: StepLimits) -> int:
+        """The slot's cgroup cap: the step's memory plus room for the zygote and the next executor."""
+        return ((limits.memory_mb or self.cfg.memory_mb) << 20) + (32 << 20)
+
     async def _oneshot(self, slot: Slot, header: dict[str, Any], body: bytes, limits: StepLimits) -> dict[str, Any]:
         executor = await self._take_executor(slot)
-        want_mem = (
-            (limits.memory_mb << 20) + (32 << 20) if limits.memory_mb else (self.cfg.memory_mb << 20) + (32 << 20)
-        )
+        want_mem = self._slot_memory(limits)
         if want_mem != slot.memory_bytes:
             slot.cgroup.set_limits(want_mem, self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
             slot.memory_bytes = want_mem
         slot.next_executor = asyncio.create_task(self._spawn(slot.jail))
-        before = slot.cgroup.counters()
+        return await self._run_in(slot.jail, slot.cgroup, executor, header, body, limits)
+
+    async def _feed(
+        self, executor: Executor, header: dict[str, Any], body: bytes, limits: StepLimits, session: bool
+    ) -> tuple[dict[str, Any], Output]:
+        grace = self.cfg.interrupt_grace_s if session else 0.0
+        cap = header["max_output_bytes"]
+        return await run_step(executor, header, body, limits.timeout_s, cap, self.cfg.output_kill_bytes, session, grace)
+
+    async def _run_in(
+        self, jail: Jail, cg: CgroupGroup, executor: Executor, header: dict[str, Any], body: bytes, limits: StepLimits
+    ) -> dict[str, Any]:
+        """One one-shot execution in ``executor``, attributing limit hits through ``cg``'s counters."""
+        before = cg.counters()
         try:
-            result, out = await run_step(
-                executor,
-                header,
-                body,
-                limits.timeout_s,
-                header["max_output_bytes"],
-                self.cfg.output_kill_bytes,
-                session=False,
-                grace_s=0.0,
-            )
+            result, out = await self._feed(executor, header, body, limits, session=False)
         except (wire.WireError, OSError) as exc:
-            await slot.jail.stop()  # next _take_executor restarts it
-            raise SandboxSetupError(f"sandbox {slot.jail.name} stopped answering: {exc!r}") from exc
+            await jail.stop()  # a warm slot's next _take_executor restarts it
+            raise SandboxSetupError(f"sandbox {jail.name} stopped answering: {exc!r}") from exc
         finally:
             executor.close()
         if result.get("lost"):
-            raise SandboxSetupError(f"sandbox {slot.jail.name}: its jail ended mid-step")
-        return self._observation(result, out, before, slot.cgroup.counters())
+            raise SandboxSetupError(f"sandbox {jail.name}: its jail ended mid-step")
+        return self._observation(result, out, before, cg.counters())
 
     def _observation(
         self, r: dict[str, Any], out: Output, before: Counters, after: Counters, session: bool = False
@@ -331,16 +322,7 @@ class PythonRunner:
                 sess.cgroup.set_limits(limits.memory_mb << 20, self.cfg.pids_max)
             before = sess.cgroup.counters()
             try:
-                result, out = await run_step(
-                    sess.executor,
-                    header,
-                    body,
-                    limits.timeout_s,
-                    header["max_output_bytes"],
-                    self.cfg.output_kill_bytes,
-                    session=True,
-                    grace_s=self.cfg.interrupt_grace_s,
-                )
+                result, out = await self._feed(sess.executor, header, body, limits, session=True)
             except (wire.WireError, OSError) as exc:
                 await self._drop_session(sess)
                 raise SessionLost(f"session {session_id}: its sandbox stopped answering ({exc!r})") from exc

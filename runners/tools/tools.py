@@ -34,26 +34,25 @@ class Overlay:
     writes: int = 0
 
     def user(self, uid: str, write: bool = False) -> dict[str, Any]:
-        if uid in self.users:
-            return self.users[uid]
-        base = self.base.users.get(uid)
-        if base is None:
-            raise ToolError(f"user not found: {uid}")
-        if not write:
-            return base
-        self.users[uid] = copy.deepcopy(base)
-        return self.users[uid]
+        return self._record(self.users, self.base.users, uid, write, "user")
 
     def order(self, oid: str, write: bool = False) -> dict[str, Any]:
-        if oid in self.orders:
-            return self.orders[oid]
-        base = self.base.orders.get(oid)
-        if base is None:
-            raise ToolError(f"order not found: {oid}")
+        return self._record(self.orders, self.base.orders, oid, write, "order")
+
+    @staticmethod
+    def _record(
+        mine: dict[str, dict[str, Any]], base: dict[str, dict[str, Any]], key: str, write: bool, what: str
+    ) -> dict[str, Any]:
+        """This session's copy if it wrote one, else the shared record; the first write copies it."""
+        if key in mine:
+            return mine[key]
+        record = base.get(key)
+        if record is None:
+            raise ToolError(f"{what} not found: {key}")
         if not write:
-            return base
-        self.orders[oid] = copy.deepcopy(base)
-        return self.orders[oid]
+            return record
+        mine[key] = copy.deepcopy(record)
+        return mine[key]
 
     def product(self, pid: str) -> dict[str, Any]:
         p = self.base.products.get(pid)

@@ -1,0 +1,66 @@
+"""Start a sandboxd node as a subprocess on a free loopback port (demo, bench, tests)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+
+class NodeDidNotStart(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_ready(base_url: str, timeout_s: float = 120.0, proc: subprocess.Popen[bytes] | None = None) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                return True
+        time.sleep(0.2)
+    return False
+
+
+@contextlib.contextmanager
+def local_node(
+    settings: dict[str, str] | None = None, inherit: bool = False, timeout_s: float = 180.0
+) -> Iterator[str]:
+    """Yield the base URL of a fresh node; stop it (and all it started) on exit.
+
+    ``settings`` are SANDBOXD_* variables for it; with ``inherit`` false, the
+    caller's own SANDBOXD_* variables are not passed on (bench and tests want a
+    node of known configuration), with it true they are (``sandboxd demo``).
+    """
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if inherit or not k.startswith("SANDBOXD_")}
+    env.update({"SANDBOXD_HOST": "127.0.0.1", "SANDBOXD_PORT": str(port)})
+    env.setdefault("SANDBOXD_LOG_LEVEL", "warning")
+    env.update(settings or {})
+    proc = subprocess.Popen([sys.executable, "-m", "sandboxd", "serve"], env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        if not wait_ready(base, timeout_s=timeout_s, proc=proc):
+            raise NodeDidNotStart(f"sandboxd did not become ready at {base} (exit {proc.poll()}); see its log above")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
