@@ -1,45 +1,33 @@
-"""HTTP routes (FastAPI). Thin: parse, call the ``Gateway``, render.
+"""The ASGI app: one ``Gateway``, the API surfaces as routers, the OpenAPI document.
 
-Every error leaves through one handler with the same body shape as a step
-result (``ok``, ``status``, ``error{blame, code, message}``), so clients parse
-one thing whatever went wrong.
+Each surface renders errors in its own shape (``api/surface.py``). What no
+surface owns (an unknown path, a wrong method) is rendered in sandboxd's own
+error shape here, so a client never has to parse FastAPI's ``{"detail": ...}``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.openapi.utils import get_openapi
+from pydantic.json_schema import models_json_schema
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
 
-from runners.base import import_string
-from sandboxd.config import Settings
-from sandboxd.errors import SandboxdError, Saturated, UnknownRunner
+from sandboxd.api import native, ops
+from sandboxd.api.surface import json_response, native_error, request_error
+from sandboxd.config import NodeSettings, load_settings
 from sandboxd.gateway import Gateway
-from sandboxd.protocol import BatchRequest, BatchResult, SessionCreate, SessionInfo, StepRequest, StepResult
+
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
-def _json(data: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
-
-
-def _error_body(exc: SandboxdError) -> dict[str, object]:
-    err = exc.to_dict()
-    if isinstance(exc, Saturated):
-        err["retry_after_s"] = exc.retry_after_s
-    return {"ok": False, "status": exc.status, "error": err}
-
-
-def _retry_headers(retry_after_s: float | None) -> dict[str, str] | None:
-    return {"Retry-After": str(max(1, int(retry_after_s + 0.999)))} if retry_after_s is not None else None
-
-
-def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or Settings()
+def create_app(settings: NodeSettings | None = None) -> FastAPI:
+    settings = settings or load_settings()
     gateway = Gateway(settings)
 
     @contextlib.asynccontextmanager
@@ -57,84 +45,47 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.gateway = gateway
+    app.include_router(native.router(gateway))
+    app.include_router(ops.router(gateway))
 
-    @app.exception_handler(SandboxdError)
-    async def _sandboxd_error(_: Request, exc: SandboxdError) -> Response:
-        return _json(_error_body(exc), exc.status, _retry_headers(getattr(exc, "retry_after_s", None)))
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> Response:
+        body = {
+            "ok": False,
+            "status": exc.status_code,
+            "error": {"blame": "client", "code": HTTP_CODES.get(exc.status_code, "http_error"), "message": exc.detail},
+        }
+        return json_response(body, exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> Response:
-        parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
-        body = {
-            "ok": False,
-            "status": 422,
-            "error": {"blame": "client", "code": "bad_request", "message": "; ".join(parts)},
-        }
-        return _json(body, 422)
+        return native_error(request_error(exc))
 
-    @app.post(
-        "/rollout/step", response_model=StepResult, responses={429: {"model": StepResult}, 504: {"model": StepResult}}
-    )
-    async def rollout_step(req: StepRequest) -> Response:
-        """Run one step: one-shot in a fresh sandbox, or inside ``session_id``'s sandbox."""
-        result = await gateway.step(req)
-        retry = result.error.retry_after_s if result.error else None
-        return _json(result.model_dump(), result.status, _retry_headers(retry))
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = with_kind_schemas(
+                get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes), gateway
+            )
+        return app.openapi_schema
 
-    @app.post("/rollout/steps", response_model=BatchResult)
-    async def rollout_steps(req: BatchRequest) -> Response:
-        """Run a batch of steps concurrently; results in request order, each with its own status."""
-        results = await gateway.batch(req.steps)
-        return _json({"results": [r.model_dump() for r in results]})
-
-    @app.post("/sessions", response_model=SessionInfo, status_code=201)
-    async def create_session(req: SessionCreate) -> Response:
-        """Create a session pinned to one worker; its state persists across steps until closed or reaped."""
-        info = await gateway.create_session(req)
-        return _json(info.model_dump(), 201)
-
-    @app.get("/sessions/{session_id}", response_model=SessionInfo)
-    async def get_session(session_id: str) -> Response:
-        return _json(gateway.session_info(session_id).model_dump())
-
-    @app.delete("/sessions/{session_id}", status_code=204)
-    async def delete_session(session_id: str) -> Response:
-        await gateway.close_session(session_id)
-        return Response(status_code=204)
-
-    @app.get("/runners")
-    async def list_runners() -> Response:
-        """Runner kinds enabled on this node."""
-        return _json({"runners": settings.runners})
-
-    @app.get("/runners/{kind}")
-    async def describe_runner(kind: str) -> Response:
-        """A runner's action schema, and for ``tools`` the tool listing in the OpenAI function-calling shape."""
-        model = gateway.models.get(kind)
-        if model is None:
-            raise UnknownRunner(f"runner {kind!r} is not enabled on this node (enabled: {settings.runners})")
-        body: dict[str, object] = {"runner": kind, "action_schema": model.model_json_schema()}
-        extra = getattr(model, "describe_runner", None)
-        if isinstance(extra, str):
-            body["tools"] = import_string(extra)()
-        return _json(body)
-
-    @app.get("/healthz")
-    async def healthz() -> Response:
-        return _json({"ok": True})
-
-    @app.get("/readyz")
-    async def readyz() -> Response:
-        ok, body = gateway.ready()
-        return _json(body, 200 if ok else 503)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        g = gateway
-        if g.scheduler is not None:
-            for kind in settings.runners:
-                g.metrics.queue_depth.labels(kind).set(g.scheduler.queue_depth(kind))
-                g.metrics.inflight.labels(kind).set(g.scheduler.inflight(kind))
-        return Response(generate_latest(g.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def with_kind_schemas(doc: dict[str, Any], gateway: Gateway) -> dict[str, Any]:
+    """StepRequest.action and StepResult.observation as one of the enabled kinds' models."""
+    models: list[tuple[Any, Any]] = []
+    for kind in gateway.kinds.values():
+        models += [(kind.action, "validation"), (kind.observation, "serialization")]
+    if not models:
+        return doc
+    keys, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    schemas.update(defs.get("$defs", {}))
+    refs = {mode: [keys[(m, mode)] for m, md in models if md == mode] for mode in ("validation", "serialization")}
+    for model, field, mode in (("StepRequest", "action", "validation"), ("StepResult", "observation", "serialization")):
+        prop = schemas.get(model, {}).get("properties", {}).get(field)
+        if prop is not None:
+            options = refs[mode] + ([{"type": "null"}] if field == "observation" else [])
+            schemas[model]["properties"][field] = {"anyOf": options, "description": prop.get("description", "")}
+    return doc

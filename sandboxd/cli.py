@@ -3,6 +3,7 @@
 sandboxd serve            run a node (gateway + workers) on this machine
 sandboxd demo             serve on loopback, run real programs and a short load against it, stop
 sandboxd smoke --target   run real programs against a running node and print what happened
+sandboxd config-docs      print the configuration reference (docs/configuration.md)
 sandboxd doctor           check what the Python runner needs (nsjail, cgroups, interpreter)
 """
 
@@ -22,9 +23,10 @@ EXIT_NOT_READY = 3
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
+    from pydantic import ValidationError
 
     from sandboxd.app import create_app
-    from sandboxd.config import Settings
+    from sandboxd.config import load_settings
 
     overrides: dict[str, object] = {}
     for name in ("host", "port", "workers"):
@@ -33,7 +35,11 @@ def _serve(args: argparse.Namespace) -> int:
             overrides[name] = value
     if args.runners:
         overrides["runners"] = args.runners.split(",")
-    settings = Settings(**overrides)  # type: ignore[arg-type]
+    try:
+        settings = load_settings(**overrides)
+    except ValidationError as exc:
+        print(f"sandboxd serve: invalid settings:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
     app = create_app(settings)
     uvicorn.run(
         app,
@@ -72,6 +78,23 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_FAILED
 
 
+def _config_docs(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sandboxd.configdocs import render
+
+    text = render()
+    if args.check:
+        path = Path(args.check)
+        current = path.read_text() if path.exists() else ""
+        if current != text:
+            print(f"{args.check} is out of date: run `sandboxd config-docs > {args.check}`", file=sys.stderr)
+            return EXIT_FAILED
+        return EXIT_OK
+    sys.stdout.write(text)
+    return EXIT_OK
+
+
 def _doctor(_: argparse.Namespace) -> int:
     from sandboxd.doctor import run_doctor
 
@@ -81,7 +104,7 @@ def _doctor(_: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from bench.run import PRESETS, execute, make_plan
+    from sandboxd.bench.run import PRESETS, execute, make_plan
 
     conc = [int(x) for x in args.concurrency.split(",")] if args.concurrency else None
     try:
@@ -104,7 +127,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _size(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from bench.size import print_table, size
+    from sandboxd.bench.size import print_table, size
 
     try:
         rows = size([Path(d) for d in args.results], args.workload.upper(), args.target_units_per_s, args.p99_ms)
@@ -136,8 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--load-s", type=float, default=5.0, help="seconds of load after the programs (0 = none)")
         p.add_argument("--concurrency", type=int, default=8, help="concurrent one-shot steps during the load")
         p.set_defaults(func=func)
-    bench = sub.add_parser("bench", help="replay workloads (B1 B8) against a node and report")
-    bench.add_argument("workloads", nargs="*", default=[], help="B1 B8 (default: all available)")
+    from sandboxd.bench.workloads import listed
+
+    bench = sub.add_parser("bench", help=f"replay workloads ({' '.join(listed())}) against a node and report")
+    bench.add_argument("workloads", nargs="*", default=[], help=f"{' '.join(listed())} (default: all)")
     bench.add_argument("--target", help="base URL of a running node; default: start one on loopback")
     bench.add_argument("--preset", choices=["smoke", "quick", "full"], default="quick")
     bench.add_argument("--concurrency", help="comma-separated levels, e.g. 1,8,32,128")
@@ -148,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-results", help="results directory")
     bench.add_argument("--instance-type", help="what this machine is, e.g. m7i.4xlarge (prices it)")
     bench.set_defaults(func=_bench)
-    sz = sub.add_parser("size", help="fleet sizing from bench results (one directory per measured machine)")
+    sz = sub.add_parser("size", help="fleet sizing from sandboxd.bench results (one directory per measured machine)")
     sz.add_argument("--results", nargs="+", required=True, help="results directories, e.g. one per machine")
     sz.add_argument("--workload", default="B1")
     sz.add_argument(
@@ -157,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     sz.add_argument("--p99-ms", type=float, required=True)
     sz.add_argument("--sizes", help="only these sizes, e.g. 4xlarge,8xlarge")
     sz.set_defaults(func=_size)
+    docs = sub.add_parser("config-docs", help="print docs/configuration.md, generated from the settings models")
+    docs.add_argument("--check", metavar="FILE", help="exit 1 when FILE differs from what would be generated")
+    docs.set_defaults(func=_config_docs)
     doctor = sub.add_parser("doctor", help="check nsjail, cgroups and the jail's interpreter")
     doctor.set_defaults(func=_doctor)
     return parser

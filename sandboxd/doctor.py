@@ -6,11 +6,13 @@ import os
 import subprocess
 from pathlib import Path
 
-from sandboxd.config import Settings
+from sandboxd.config import load_settings
+from sandboxd.runners.python.config import PythonRunnerConfig
 
 
 def run_doctor() -> bool:
-    settings = Settings()
+    cfg = load_settings().runner_config("python")
+    assert isinstance(cfg, PythonRunnerConfig)
     ok = True
 
     def report(good: bool, what: str) -> None:
@@ -20,23 +22,23 @@ def run_doctor() -> bool:
 
     report(os.geteuid() == 0, f"running as root (uid {os.geteuid()}): nsjail needs it to build namespaces and cgroups")
     try:
-        from runners.python.jail import nsjail_binary
+        from sandboxd.runners.python.jail import nsjail_binary
 
-        nsjail = nsjail_binary(settings.python)
+        nsjail = nsjail_binary(cfg)
         proc = subprocess.run([nsjail, "--help"], capture_output=True, text=True, timeout=10)
         missing = "error while loading shared libraries" in proc.stderr
         report(not missing, f"nsjail at {nsjail} loads (needs Debian's libnl-route-3-200)")
     except Exception as exc:
         report(False, f"nsjail: {exc}")
     try:
-        from runners.python.cgroups import detect_version
+        from sandboxd.runners.python.cgroups import detect_version
 
-        version = detect_version(Path(settings.python.cgroup_mount))
-        report(True, f"cgroup v{version} with the memory controller under {settings.python.cgroup_mount}")
+        version = detect_version(Path(cfg.cgroup_mount))
+        report(True, f"cgroup v{version} with the memory controller under {cfg.cgroup_mount}")
     except Exception as exc:
         report(False, f"cgroups: {exc}")
     try:
-        prefix = settings.python.resolved_prefix()
+        prefix = cfg.resolved_prefix()
         report(True, f"interpreter for the jail: {prefix}")
     except ValueError as exc:
         report(False, str(exc))

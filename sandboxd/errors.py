@@ -9,8 +9,8 @@
     │   ├── UnknownSession       404     no such session (never existed, closed, reaped)
     │   ├── SessionBusy          409     a step is already running in that session
     │   └── UnknownRunner        422     runner kind not enabled on this node
-    └── InfraError                       the service failed, not the program (blame: infra)
-        ├── Saturated            429     admission queue full; carries Retry-After
+    └── InfraError               500     the service failed, not the program (blame: infra)
+        ├── Saturated            429     admission queue or a runner's session cap full; Retry-After
         ├── DeadlineExceeded     504     the step waited in the queue past its deadline
         ├── SandboxSetupError    503     a jail or its cgroup could not be made
         ├── WorkerDied           502     the worker running the step died mid-step
@@ -21,31 +21,86 @@ Trainers must mask infrastructure failures instead of scoring them as a zero
 reward, so every result names its ``blame`` and a stable ``code``. A program that
 fails (non-zero exit, its own timeout, killed at a limit) is *not* an error here:
 that is an observation, returned with HTTP 200.
+
+Errors cross process boundaries (worker -> gateway today, node -> node later),
+so each class registers itself under its ``code`` when it is defined, and
+``to_dict``/``from_dict`` carry every field (retry hint, worker, session): the
+class that arrives is the class that was raised, with the same status.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 Blame = Literal["client", "infra"]
+
+_BY_CODE: dict[str, type[SandboxdError]] = {}
 
 
 class SandboxdError(Exception):
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal"
     blame: ClassVar[Blame] = "infra"
+    default_retry_after_s: ClassVar[float | None] = None
 
-    def __init__(self, message: str) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:  # a class that only refines another keeps its parent's code
+            other = _BY_CODE.get(cls.code)
+            if other is not None and other is not cls:
+                raise TypeError(f"error code {cls.code!r} is taken by {other.__qualname__}")
+            _BY_CODE[cls.code] = cls
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        worker: int | None = None,
+        session_id: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
+        self.retry_after_s = self.default_retry_after_s if retry_after_s is None else retry_after_s
+        self.worker = worker
+        self.session_id = session_id
 
-    def to_dict(self) -> dict[str, object]:
-        return {"code": self.code, "blame": self.blame, "message": self.message}
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, for the wire; ``from_dict`` rebuilds the same class from it."""
+        return {
+            "code": self.code,
+            "blame": self.blame,
+            "message": self.message,
+            "retry_after_s": self.retry_after_s,
+            "worker": self.worker,
+            "session_id": self.session_id,
+        }
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+
+def from_dict(data: dict[str, Any]) -> SandboxdError:
+    """Rebuild an error that crossed a process or node boundary; unknown codes are infra errors."""
+    cls = _BY_CODE.get(str(data.get("code")), InfraError)
+    retry = data.get("retry_after_s")
+    worker = data.get("worker")
+    return cls(
+        str(data.get("message", "")),
+        retry_after_s=float(retry) if isinstance(retry, int | float) else None,
+        worker=worker if isinstance(worker, int) else None,
+        session_id=data.get("session_id") if isinstance(data.get("session_id"), str) else None,
+    )
+
+
+def registered() -> dict[str, type[SandboxdError]]:
+    """Every error class by code (tests check that each survives a round trip)."""
+    return dict(_BY_CODE)
 
 
 class ClientError(SandboxdError):
     status = 400
-    code = "bad_request"
+    code = "client_error"
     blame: ClassVar[Blame] = "client"
 
 
@@ -81,12 +136,11 @@ class InfraError(SandboxdError):
 
 
 class Saturated(InfraError):
+    """Refused for lack of capacity; always carries a retry hint (HTTP Retry-After)."""
+
     status = 429
     code = "saturated"
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+    default_retry_after_s = 1.0
 
 
 class DeadlineExceeded(InfraError):
@@ -112,27 +166,3 @@ class SessionLost(InfraError):
 class ShuttingDown(InfraError):
     status = 503
     code = "shutting_down"
-
-
-BY_CODE: dict[str, type[SandboxdError]] = {
-    cls.code: cls
-    for cls in (
-        BadRequest,
-        PayloadTooLarge,
-        UnknownSession,
-        SessionBusy,
-        UnknownRunner,
-        DeadlineExceeded,
-        SandboxSetupError,
-        WorkerDied,
-        SessionLost,
-        ShuttingDown,
-        InfraError,
-    )
-}
-
-
-def from_dict(data: dict[str, object]) -> SandboxdError:
-    """Rebuild an error that crossed the worker/gateway boundary."""
-    cls = BY_CODE.get(str(data.get("code")), InfraError)
-    return cls(str(data.get("message", "")))

@@ -1,8 +1,10 @@
 """The node: validation, admission, routing and results, independent of HTTP.
 
-``app.py`` maps routes onto these methods; every failure is a ``SandboxdError``
-turned into a ``StepResult`` in exactly one place (``_failed``), so that each
-result says whose failure it was.
+API surfaces (``sandboxd/api/``) call these methods and render what comes
+back in their own shape. Every failure is a ``SandboxdError``; a step's
+failure becomes a ``StepResult`` in exactly one place (``_failed``), so each
+result says whose failure it was. The program's own verdict comes from its
+runner (``StepOutcome.failure``), never from guessing at observation keys.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ import shutil
 import time
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel
 
-from runners.base import StepLimits, action_model
-from sandboxd.config import Settings
+from sandboxd.api.models import ErrorInfo, SessionCreate, SessionInfo, StepRequest, StepResult
+from sandboxd.config import NodeSettings
 from sandboxd.errors import (
     BadRequest,
     PayloadTooLarge,
@@ -28,52 +30,38 @@ from sandboxd.errors import (
     UnknownRunner,
     WorkerDied,
 )
-from sandboxd.idempotency import IdempotencyCache, fingerprint
 from sandboxd.metrics import Metrics
-from sandboxd.protocol import ErrorInfo, SessionCreate, SessionInfo, StepRequest, StepResult
+from sandboxd.registry import kinds
+from sandboxd.runners.base import RunnerKind, StepLimits, WireOutcome
 from sandboxd.scheduler import Scheduler
-from sandboxd.sessions import SessionRecord, SessionTable, new_session_id
-from sandboxd.workers import Supervisor, WorkerHandle
+from sandboxd.stores.idempotency import IdempotencyStore, MemoryIdempotencyStore, fingerprint
+from sandboxd.stores.sessions import MemorySessionStore, SessionRecord, SessionStore, new_session_id
+from sandboxd.supervisor import Supervisor, WorkerHandle
 
 log = logging.getLogger("sandboxd.gateway")
 
 
-def validation_message(exc: ValidationError, prefix: str) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in (prefix, *err.get("loc", ())) if p != "")
-        parts.append(f"{loc}: {err.get('msg')}")
-    return "; ".join(parts)
-
-
-def classify(obs: dict[str, Any]) -> ErrorInfo | None:
-    """The program's own failure, if any (the step itself worked)."""
-    if obs.get("timed_out"):
-        return ErrorInfo(blame="program", code="program_timeout", message="the program ran past its time limit")
-    if obs.get("killed_by"):
-        return ErrorInfo(
-            blame="program", code="program_killed", message=f"the program was killed at its {obs['killed_by']} limit"
-        )
-    code = obs.get("exit_code")
-    if code not in (None, 0):
-        return ErrorInfo(blame="program", code="program_exit", message=f"the program exited with status {code}")
-    if obs.get("error"):  # runners with tool-level errors (tools, sql) report them here
-        return ErrorInfo(blame="program", code="action_error", message=str(obs["error"]))
-    return None
-
-
 class Gateway:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: NodeSettings,
+        sessions: SessionStore | None = None,
+        idempotency: IdempotencyStore | None = None,
+    ) -> None:
         self.settings = settings
-        self.node = f"sandboxd-{os.getpid()}"
-        self.sessions = SessionTable()
-        self.idem = IdempotencyCache(settings.idempotency_ttl_s, settings.idempotency_max_entries)
-        self.supervisor = Supervisor(settings, self.node, self._worker_lost)
+        self.node_id = settings.node_id
+        registry = kinds()
+        self.kinds: dict[str, RunnerKind] = {k: registry[k] for k in settings.runners}
+        self.sessions = sessions or MemorySessionStore()
+        self.idem = idempotency or MemoryIdempotencyStore(settings.idempotency_ttl_s, settings.idempotency_max_entries)
+        self.supervisor = Supervisor(settings, self._worker_lost)
         self.supervisor.on_ready = self._worker_ready
         self.scheduler: Scheduler | None = None
-        self.metrics = Metrics(lambda: [(w.index, w.health) for w in self.supervisor.workers])
-        self.models = {kind: action_model(kind) for kind in settings.runners}
+        self.metrics = Metrics(
+            lambda: [(w.index, w.health) for w in self.supervisor.workers], replays=lambda: self.idem.hits
+        )
         self._reaper: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self.inflight = 0
         self.started = False
 
@@ -90,7 +78,7 @@ class Gateway:
         self.started = True
         log.info(
             "sandboxd node %s ready: %d workers, runners %s",
-            self.node,
+            self.node_id,
             len(self.supervisor.workers),
             self.settings.runners,
         )
@@ -111,29 +99,44 @@ class Gateway:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        n_sessions = len(self.sessions.sessions)
+        n_sessions = await self.sessions.count()
         await self.supervisor.stop()
         shutil.rmtree(self.settings.runtime_dir, ignore_errors=True)
-        log.info("sandboxd node %s stopped (%d sessions closed)", self.node, n_sessions)
+        log.info("sandboxd node %s stopped (%d sessions closed)", self.node_id, n_sessions)
 
     def _worker_lost(self, index: int) -> None:
-        lost = self.sessions.mark_worker_lost(index)
         if self.scheduler is not None:
             self.scheduler.remove_worker(index)
-        log.error("worker %d lost; %d sessions lost with it", index, lost)
+
+        async def mark() -> None:
+            lost = await self.sessions.mark_worker_lost(index, f"worker {index} died and its sandboxes with it")
+            log.error("worker %d lost; %d sessions lost with it", index, lost)
+
+        task = asyncio.get_running_loop().create_task(mark())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _worker_ready(self, w: WorkerHandle) -> None:
         if self.scheduler is not None:
             self.scheduler.add_worker(w)
         self.metrics.worker_restarts.inc()
 
-    def ready(self) -> tuple[bool, dict[str, Any]]:
+    async def ready(self) -> tuple[bool, dict[str, Any]]:
         workers = [
             {"index": w.index, "pid": w.pid, "alive": w.alive, "generation": w.generation, "capacity": w.capacity}
             for w in self.supervisor.workers
         ]
         ok = self.started and all(w.alive for w in self.supervisor.workers)
-        return ok, {"ready": ok, "workers": workers, "sessions": len(self.sessions.sessions)}
+        body = {"ready": ok, "node_id": self.node_id, "workers": workers, "sessions": await self.sessions.count()}
+        return ok, body
+
+    def kind(self, name: str) -> RunnerKind:
+        try:
+            return self.kinds[name]
+        except KeyError:
+            raise UnknownRunner(
+                f"runner {name!r} is not enabled on this node (enabled: {self.settings.runners})"
+            ) from None
 
     # ------------------------------------------------------------------ steps
 
@@ -142,44 +145,27 @@ class Gateway:
         timeout = req.timeout_s if req.timeout_s is not None else s.default_timeout_s
         if timeout > s.max_timeout_s:
             raise BadRequest(f"timeout_s: {timeout} exceeds this node's max_timeout_s {s.max_timeout_s}")
-        mem = out = None
-        if req.limits is not None:
-            mem, out = req.limits.memory_mb, req.limits.max_output_bytes
-            if mem is not None and req.runner == "python" and mem > s.python.memory_mb:
-                raise BadRequest(f"limits.memory_mb: {mem} exceeds this node's maximum {s.python.memory_mb}")
-            if out is not None and req.runner == "python" and out > s.python.max_output_bytes:
-                raise BadRequest(
-                    f"limits.max_output_bytes: {out} exceeds this node's maximum {s.python.max_output_bytes}"
-                )
-        return StepLimits(timeout_s=timeout, memory_mb=mem, max_output_bytes=out)
+        limits = req.limits
+        return StepLimits(
+            timeout_s=timeout,
+            memory_mb=limits.memory_mb if limits else None,
+            max_output_bytes=limits.max_output_bytes if limits else None,
+        )
 
-    def _check_action(self, req: StepRequest) -> dict[str, Any]:
-        model = self.models.get(req.runner)
-        if model is None:
-            raise UnknownRunner(f"runner {req.runner!r} is not enabled on this node (enabled: {self.settings.runners})")
-        try:
-            action = model.model_validate(req.action)
-        except ValidationError as exc:
-            raise BadRequest(validation_message(exc, "action")) from None
-        if req.runner == "python":
-            s = self.settings
-            code = len(req.action.get("code", "").encode())
-            if code > s.max_code_bytes:
-                raise PayloadTooLarge(f"action.code is {code} bytes; this node takes at most {s.max_code_bytes}")
-            stdin = len(req.action.get("stdin", "").encode())
-            if stdin > s.max_stdin_bytes:
-                raise PayloadTooLarge(f"action.stdin is {stdin} bytes; this node takes at most {s.max_stdin_bytes}")
-            files = sum(len(v.encode()) for v in req.action.get("files", {}).values())
-            if files > s.max_files_bytes:
-                raise PayloadTooLarge(f"action.files total {files} bytes; this node takes at most {s.max_files_bytes}")
-        return action.model_dump(exclude_defaults=True)
+    def admit(self, req: StepRequest) -> tuple[BaseModel, StepLimits]:
+        """The typed action and the step's limits, or the client's error naming what is wrong."""
+        kind = self.kind(req.runner)
+        action = kind.parse_action(req.action)
+        limits = self._limits(req)
+        if kind.admit is not None:
+            kind.admit(action, limits, self.settings.runner_config(req.runner))
+        return action, limits
 
     async def step(self, req: StepRequest) -> StepResult:
         start = time.monotonic()
         self.inflight += 1
         try:
-            action = self._check_action(req)
-            limits = self._limits(req)
+            action, limits = self.admit(req)
             if req.idempotency_key:
                 fp = fingerprint(req.model_dump(exclude={"idempotency_key"}))
                 result: StepResult = await self.idem.run(
@@ -195,42 +181,29 @@ class Gateway:
         finally:
             self.inflight -= 1
 
-    async def _execute(self, req: StepRequest, action: dict[str, Any], limits: StepLimits, start: float) -> StepResult:
+    async def _execute(self, req: StepRequest, action: BaseModel, limits: StepLimits, start: float) -> StepResult:
+        call = {"runner": req.runner, "action": action.model_dump(mode="json"), "limits": limits.__dict__}
         try:
-            call = {"runner": req.runner, "action": action, "limits": limits.__dict__}
             if req.session_id is not None:
-                rec = self.sessions.get(req.session_id)
-                if rec.runner != req.runner:
-                    raise BadRequest(f"session {req.session_id} is a {rec.runner} session, not {req.runner}")
-                worker = self.supervisor.workers[rec.worker]
-                if worker.generation != rec.generation or not worker.alive:
-                    rec.lost = rec.lost or f"worker {rec.worker} was replaced"
-                    raise SessionLost(f"session {req.session_id} was lost: its worker was replaced")
-                rec.last_used = time.monotonic()
-                try:
-                    obs = await worker.call("step", session_id=req.session_id, **call)
-                except WorkerDied:
-                    rec.lost = f"worker {rec.worker} died during a step"
-                    raise
-                rec.last_used = time.monotonic()
-                rec.steps += 1
-                if obs.get("session_alive") is False:
-                    self.sessions.remove(req.session_id, f"its program was killed ({obs.get('killed_by') or 'exit'})")
-                index = rec.worker
+                raw, index = await self._session_step(req.session_id, req.runner, call)
             else:
                 assert self.scheduler is not None
                 deadline = start + self.settings.queue_timeout_s
                 async with self.scheduler.slot(req.runner, deadline) as worker:
-                    obs = await worker.call("step", session_id=None, **call)
+                    raw = await worker.call("step", session_id=None, **call)
                     index = worker.index
         except SandboxdError as exc:
             return self._failed(req.runner, exc, start, req.session_id)
-        error = classify(obs)
+        outcome = WireOutcome.from_wire(raw)
+        failure = outcome.failure
+        error = None if failure is None else ErrorInfo(blame="program", code=failure.code, message=failure.message)
         elapsed = time.monotonic() - start
-        self.metrics.observe_step(req.runner, "ok" if error is None else "program_error", elapsed, obs)
+        self.metrics.observe_step(
+            req.runner, "ok" if error is None else "program_error", elapsed, outcome.killed_by, outcome.limits_hit
+        )
         return StepResult(
             ok=error is None,
-            observation=obs,
+            observation=outcome.observation,
             error=error,
             latency_ms=round(elapsed * 1000, 3),
             worker=index,
@@ -238,21 +211,39 @@ class Gateway:
             session_id=req.session_id,
         )
 
+    async def _session_step(self, session_id: str, runner: str, call: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        rec = await self.sessions.get(session_id)
+        if rec.runner != runner:
+            raise BadRequest(f"session {session_id} is a {rec.runner} session, not {runner}")
+        worker = self.supervisor.workers[rec.worker]
+        if worker.generation != rec.generation or not worker.alive:
+            await self.sessions.mark_lost(session_id, f"worker {rec.worker} was replaced")
+            raise SessionLost(
+                f"session {session_id} was lost: its worker was replaced", session_id=session_id, worker=rec.worker
+            )
+        await self.sessions.touch(session_id, stepped=False)
+        try:
+            raw: dict[str, Any] = await worker.call("step", session_id=session_id, **call)
+        except WorkerDied:
+            await self.sessions.mark_lost(session_id, f"worker {rec.worker} died during a step")
+            raise
+        await self.sessions.touch(session_id, stepped=True)
+        if raw.get("session_alive") is False:
+            obs = raw.get("observation") or {}
+            await self._forget(session_id, f"its program was killed ({raw.get('killed_by') or obs.get('exit_code')})")
+        return raw, rec.worker
+
     def _failed(self, runner: str, exc: SandboxdError, start: float, session_id: str | None) -> StepResult:
         elapsed = time.monotonic() - start
-        self.metrics.observe_step(runner, f"{exc.blame}_error", elapsed, None)
+        self.metrics.observe_step(runner, f"{exc.blame}_error", elapsed, None, ())
         if isinstance(exc, Saturated):
             self.metrics.rejected.labels(runner, "saturated").inc()
         return StepResult(
             ok=False,
             status=exc.status,
-            error=ErrorInfo(
-                blame=exc.blame,
-                code=exc.code,
-                message=exc.message,
-                retry_after_s=getattr(exc, "retry_after_s", None),
-            ),
+            error=ErrorInfo(blame=exc.blame, code=exc.code, message=exc.message, retry_after_s=exc.retry_after_s),
             latency_ms=round(elapsed * 1000, 3),
+            worker=exc.worker,
             runner=runner,
             session_id=session_id,
         )
@@ -265,8 +256,7 @@ class Gateway:
     # ------------------------------------------------------------------ sessions
 
     async def create_session(self, req: SessionCreate) -> SessionInfo:
-        if req.runner not in self.models:
-            raise UnknownRunner(f"runner {req.runner!r} is not enabled on this node (enabled: {self.settings.runners})")
+        self.kind(req.runner)
         if req.idempotency_key:
             fp = fingerprint(req.model_dump(exclude={"idempotency_key"}))
             info: SessionInfo = await self.idem.run(
@@ -282,28 +272,32 @@ class Gateway:
         alive = [w for w in self.supervisor.workers if w.alive and req.runner in w.capacity]
         if not alive:
             raise Saturated(f"no live worker serves runner {req.runner!r}", retry_after_s=1.0)
-        per_worker = {w.index: 0 for w in alive}
-        for rec in self.sessions.sessions.values():
-            if rec.worker in per_worker:
-                per_worker[rec.worker] += 1
-        worker = min(alive, key=lambda w: per_worker[w.index])
-        sid = new_session_id()
+        per_worker = await self.sessions.per_worker(req.runner)
+        worker = min(alive, key=lambda w: per_worker.get(w.index, 0))
+        sid = new_session_id(self.node_id)
         await worker.call("open", runner=req.runner, session_id=sid, options=req.options)
-        rec = SessionRecord(sid, req.runner, worker.index, worker.generation, ttl, idle)
-        self.sessions.add(rec)
-        self.metrics.sessions.labels(req.runner).set(self.sessions.count(req.runner))
+        rec = SessionRecord(sid, req.runner, self.node_id, worker.index, worker.generation, ttl, idle)
+        await self.sessions.put(rec)
+        self.metrics.sessions.labels(req.runner).set(await self.sessions.count(req.runner))
         return SessionInfo.model_validate(rec.describe())
 
-    def session_info(self, session_id: str) -> SessionInfo:
-        return SessionInfo.model_validate(self.sessions.get(session_id).describe())
+    async def session_info(self, session_id: str) -> SessionInfo:
+        return SessionInfo.model_validate((await self.sessions.get(session_id)).describe())
 
     async def close_session(self, session_id: str, why: str = "closed by the client") -> None:
-        rec = self.sessions.sessions.get(session_id)
+        """Close a session; a lost one is forgotten too. Unknown ids are a 404."""
+        try:
+            await self.sessions.get(session_id)
+        except SandboxdError as exc:
+            if exc.code != "session_lost":
+                raise
+        await self._forget(session_id, why)
+
+    async def _forget(self, session_id: str, why: str) -> None:
+        rec = await self.sessions.remove(session_id, why)
         if rec is None:
-            self.sessions.get(session_id)  # raises the right 404
             return
-        self.sessions.remove(session_id, why)
-        self.metrics.sessions.labels(rec.runner).set(self.sessions.count(rec.runner))
+        self.metrics.sessions.labels(rec.runner).set(await self.sessions.count(rec.runner))
         worker = self.supervisor.workers[rec.worker]
         if worker.alive and worker.generation == rec.generation:
             with contextlib.suppress(SandboxdError):
@@ -312,6 +306,6 @@ class Gateway:
     async def _reap_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.reap_interval_s)
-            for rec, why in self.sessions.expired():
+            for rec, why in await self.sessions.expired():
                 self.metrics.sessions_reaped.labels(why).inc()
-                await self.close_session(rec.session_id, f"reaped ({why})")
+                await self._forget(rec.session_id, f"reaped ({why})")

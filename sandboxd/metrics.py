@@ -18,8 +18,9 @@ from sandboxd.constants import LATENCY_BUCKETS_S
 
 
 class _WorkerCollector(Collector):
-    def __init__(self, snapshot: Callable[[], list[tuple[int, dict[str, Any]]]]) -> None:
+    def __init__(self, snapshot: Callable[[], list[tuple[int, dict[str, Any]]]], replays: Callable[[], int]) -> None:
         self.snapshot = snapshot
+        self.replays = replays
 
     def collect(self) -> Iterable[Metric]:
         slots = GaugeMetricFamily(
@@ -48,10 +49,15 @@ class _WorkerCollector(Collector):
         yield slots
         yield starts
         yield sessions
+        yield CounterMetricFamily(
+            "sandboxd_idempotent_replays", "Requests answered from the idempotency store", value=self.replays()
+        )
 
 
 class Metrics:
-    def __init__(self, worker_snapshot: Callable[[], list[tuple[int, dict[str, Any]]]]) -> None:
+    def __init__(
+        self, worker_snapshot: Callable[[], list[tuple[int, dict[str, Any]]]], replays: Callable[[], int]
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.step_latency = Histogram(
@@ -77,15 +83,13 @@ class Metrics:
         self.worker_restarts = Counter(
             "sandboxd_worker_restarts_total", "Workers replaced after dying or hanging", registry=r
         )
-        self.idempotent_hits = Counter(
-            "sandboxd_idempotent_replays_total", "Requests answered from the idempotency cache", registry=r
-        )
-        r.register(_WorkerCollector(worker_snapshot))
+        r.register(_WorkerCollector(worker_snapshot, replays))
 
-    def observe_step(self, runner: str, outcome: str, seconds: float, obs: dict[str, Any] | None) -> None:
+    def observe_step(
+        self, runner: str, outcome: str, seconds: float, killed_by: str | None, limits_hit: tuple[str, ...]
+    ) -> None:
         self.step_latency.labels(runner, outcome).observe(seconds)
-        if obs:
-            if obs.get("killed_by"):
-                self.kills.labels(runner, str(obs["killed_by"])).inc()
-            for limit in obs.get("limits_hit") or ():
-                self.limits_hit.labels(runner, str(limit)).inc()
+        if killed_by:
+            self.kills.labels(runner, killed_by).inc()
+        for limit in limits_hit:
+            self.limits_hit.labels(runner, limit).inc()

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from sandboxd.errors import DeadlineExceeded, Saturated, ShuttingDown
-from sandboxd.workers import WorkerHandle
+from sandboxd.supervisor import WorkerHandle
 
 
 @dataclass

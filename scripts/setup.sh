@@ -62,9 +62,9 @@ fi
 "$VENV/bin/python" - <<'PYEOF'
 import os, subprocess, sys
 from pathlib import Path
-from sandboxd.config import JAIL_PYTHON_ROOT, _world_traversable
+from sandboxd.runners.python.config import JAIL_PYTHON_ROOT, world_traversable
 base = Path(sys.base_prefix)
-if _world_traversable(base):
+if world_traversable(base):
     print(f"[setup] jail interpreter: {base} (readable by nobody)")
     raise SystemExit(0)
 ver = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The test command: set up, lint, then the whole suite against real nsjail.
+# The test command: set up, the checks (ruff, ruff format, strict mypy, generated docs), then the
+# whole suite against real nsjail, DuckDB and HTTP on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check sandboxd runners bench tests
+bash scripts/check.sh
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -1,15 +1,55 @@
-"""Shared fixtures: a real sandboxd node on a free loopback port, one per module."""
+"""Shared fixtures: a real sandboxd node on a free loopback port, one per module.
+
+The test-only ``fake`` runner kind is registered the way a third party would
+register one: a distribution's ``entry_points.txt`` in the ``sandboxd.runners``
+group, found on ``PYTHONPATH`` (set here for this process and every node it
+starts). Production, without that path, has no ``fake`` kind.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from sandboxd.config import settings_model
 from sandboxd.localnode import local_node
+from sandboxd.registry import ENTRY_POINT_GROUP, kinds
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_KIND = "tests.fake_runner:KIND"
+
+
+def register_test_kinds(where: Path) -> None:
+    """Install the fake kind's entry point (metadata only) under ``where`` and put it on the path."""
+    dist = where / "sandboxd_test_kinds-0.1.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sandboxd-test-kinds\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nfake = {FAKE_KIND}\n")
+    paths = [str(where), str(REPO)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])
+    for p in reversed(paths):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    kinds.cache_clear()
+    settings_model.cache_clear()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_kinds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    saved = os.environ.get("PYTHONPATH")
+    register_test_kinds(tmp_path_factory.mktemp("kinds"))
+    yield
+    if saved is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = saved
 
 
 @pytest.fixture(autouse=True)
@@ -30,6 +70,19 @@ def running_node(**settings: object) -> contextlib.AbstractContextManager[str]:
         for key, value in settings.items()
     }
     return local_node(env, timeout_s=120)
+
+
+async def step_ok(
+    http: httpx.AsyncClient, runner: str, action: dict[str, Any], session_id: str | None = None, **fields: object
+) -> dict[str, Any]:
+    """POST one step that must be answered 200 (the program may still fail); its result."""
+    body: dict[str, Any] = {"runner": runner, "action": action, **fields}
+    if session_id:
+        body["session_id"] = session_id
+    r = await http.post("/rollout/step", json=body)
+    assert r.status_code == 200, r.text
+    data: dict[str, Any] = r.json()
+    return data
 
 
 @pytest.fixture

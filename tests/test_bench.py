@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import pricing
-from bench.stats import percentile, summary
+from sandboxd.bench import pricing
+from sandboxd.bench.stats import percentile, summary
 
 pytestmark = pytest.mark.nsjail
 

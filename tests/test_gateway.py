@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +25,7 @@ def node() -> Iterator[str]:
         yield base
 
 
-def fake(action: dict, **fields: object) -> dict:
+def fake(action: dict[str, Any], **fields: object) -> dict[str, Any]:
     return {"runner": "fake", "action": action, **fields}
 
 

@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,10 +23,11 @@ def node() -> Iterator[str]:
         yield base
 
 
-async def run(http: httpx.AsyncClient, code: str, **fields: object) -> dict:
+async def run(http: httpx.AsyncClient, code: str, **fields: object) -> dict[str, Any]:
     r = await http.post("/rollout/step", json={"runner": "python", "action": {"code": code}, **fields})
     assert r.status_code == 200, r.text
-    return r.json()
+    data: dict[str, Any] = r.json()
+    return data
 
 
 async def still_healthy(http: httpx.AsyncClient) -> None:
@@ -206,8 +208,8 @@ async def test_session_killed_by_memory_ends_only_that_session(http: httpx.Async
         http, "b = []\nwhile True:\n    b.append(bytearray(32 << 20))", session_id=bomb, limits={"memory_mb": 64}
     )
     assert r["observation"]["killed_by"] == "memory" and r["observation"]["session_alive"] is False
-    r = await http.post("/rollout/step", json={"runner": "python", "action": {"code": "1"}, "session_id": bomb})
-    assert r.status_code == 404 and "killed" in r.json()["error"]["message"]
+    gone = await http.post("/rollout/step", json={"runner": "python", "action": {"code": "1"}, "session_id": bomb})
+    assert gone.status_code == 404 and "killed" in gone.json()["error"]["message"]
     r = await run(http, "print(z)", session_id=calm)
     assert r["observation"]["stdout"] == "5\n"
     await http.delete(f"/sessions/{calm}")

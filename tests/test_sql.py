@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import running_node
+from tests.conftest import running_node, step_ok
 
 
 @pytest.fixture(scope="module")
@@ -19,13 +20,10 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield base
 
 
-async def sql(http: httpx.AsyncClient, action: dict, session_id: str | None = None, **fields: object) -> dict:
-    body: dict = {"runner": "sql", "action": action, **fields}
-    if session_id:
-        body["session_id"] = session_id
-    r = await http.post("/rollout/step", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
+async def sql(
+    http: httpx.AsyncClient, action: dict[str, Any], session_id: str | None = None, **fields: object
+) -> dict[str, Any]:
+    return await step_ok(http, "sql", action, session_id, **fields)
 
 
 async def test_all_22_tpch_queries_run(http: httpx.AsyncClient) -> None:
@@ -34,22 +32,6 @@ async def test_all_22_tpch_queries_run(http: httpx.AsyncClient) -> None:
         assert r["ok"], (n, r["observation"]["error"])
     q1 = (await sql(http, {"tpch": 1}))["observation"]
     assert q1["columns"][:2] == ["l_returnflag", "l_linestatus"] and q1["row_count"] == 4
-
-
-async def test_sessions_have_their_own_connection(http: httpx.AsyncClient) -> None:
-    a = (await http.post("/sessions", json={"runner": "sql"})).json()["session_id"]
-    b = (await http.post("/sessions", json={"runner": "sql"})).json()["session_id"]
-    try:
-        r = await sql(http, {"query": "CREATE TEMP TABLE mine AS SELECT 42 AS x"}, a)
-        assert r["observation"]["error"] is None, r
-        assert (await sql(http, {"query": "SELECT x FROM mine"}, a))["observation"]["rows"] == [[42]]
-        other = await sql(http, {"query": "SELECT x FROM mine"}, b)
-        assert other["ok"] is False and "mine" in other["observation"]["error"]
-        one_shot = await sql(http, {"query": "SELECT x FROM mine"})
-        assert one_shot["ok"] is False
-    finally:
-        await http.delete(f"/sessions/{a}")
-        await http.delete(f"/sessions/{b}")
 
 
 @pytest.mark.parametrize(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
-from bench.trajectories import build_pool
-from runners.tools import data
-from tests.conftest import running_node
+from sandboxd.bench.trajectories import build_pool
+from sandboxd.runners.tools import data
+from tests.conftest import running_node, step_ok
 
 DB = data.build()
 
@@ -20,16 +21,13 @@ def node() -> Iterator[str]:
         yield base
 
 
-async def call(http: httpx.AsyncClient, tool: str, args: dict, session_id: str | None = None) -> dict:
-    body: dict = {"runner": "tools", "action": {"tool": tool, "args": args}}
-    if session_id:
-        body["session_id"] = session_id
-    r = await http.post("/rollout/step", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
+async def call(
+    http: httpx.AsyncClient, tool: str, args: dict[str, Any], session_id: str | None = None
+) -> dict[str, Any]:
+    return await step_ok(http, "tools", {"tool": tool, "args": args}, session_id)
 
 
-def pending_order() -> dict:
+def pending_order() -> dict[str, Any]:
     return next(o for o in DB.orders.values() if o["status"] == "pending")
 
 
@@ -58,10 +56,10 @@ async def test_lookups_find_real_data(http: httpx.AsyncClient) -> None:
     assert r["observation"]["result"]["user_id"] == user["user_id"]
 
 
-async def test_writes_are_visible_to_their_session_only(http: httpx.AsyncClient) -> None:
+async def test_a_second_write_sees_the_first_and_reset_restores_the_seed(http: httpx.AsyncClient) -> None:
+    # Isolation from other sessions and one-shot calls: tests/test_contract.py, for every kind.
     order = pending_order()
     a = (await http.post("/sessions", json={"runner": "tools"})).json()["session_id"]
-    b = (await http.post("/sessions", json={"runner": "tools"})).json()["session_id"]
     try:
         r = await call(http, "cancel_pending_order", {"order_id": order["order_id"], "reason": "ordered by mistake"}, a)
         assert r["ok"] and r["observation"]["result"]["status"] == "cancelled"
@@ -69,17 +67,12 @@ async def test_writes_are_visible_to_their_session_only(http: httpx.AsyncClient)
             http, "cancel_pending_order", {"order_id": order["order_id"], "reason": "ordered by mistake"}, a
         )
         assert again["ok"] is False and "only pending orders" in again["observation"]["error"]
-        assert again["error"]["blame"] == "program"
-        seen_b = await call(http, "get_order_details", {"order_id": order["order_id"]}, b)
-        assert seen_b["observation"]["result"]["status"] == "pending"
-        one_shot = await call(http, "get_order_details", {"order_id": order["order_id"]})
-        assert one_shot["observation"]["result"]["status"] == "pending"
+        assert again["error"]["blame"] == "program" and again["error"]["code"] == "action_error"
         await call(http, "reset", {}, a)
         after_reset = await call(http, "get_order_details", {"order_id": order["order_id"]}, a)
         assert after_reset["observation"]["result"]["status"] == "pending"
     finally:
         await http.delete(f"/sessions/{a}")
-        await http.delete(f"/sessions/{b}")
 
 
 async def test_buying_places_an_order_in_the_session(http: httpx.AsyncClient) -> None:

@@ -1,4 +1,4 @@
-"""Unit tests of the pure parts: seccomp program, cgroup files, errors, settings, cache."""
+"""Unit tests of the pure parts: seccomp program, cgroup files, errors, settings, registry, stores."""
 
 from __future__ import annotations
 
@@ -6,16 +6,22 @@ import asyncio
 import struct
 from pathlib import Path
 
+import orjson
 import pytest
 from pydantic import ValidationError
 
-from runners.python.cgroups import CgroupGroup
-from runners.python.jail import build_config, kafel_policy
-from runners.python.jailside import seccomp, wire
-from runners.python.models import PythonAction
 from sandboxd import errors
-from sandboxd.config import PythonRunnerConfig, Settings
-from sandboxd.idempotency import IdempotencyCache
+from sandboxd.config import build_settings_model, load_settings
+from sandboxd.configdocs import render as render_config_docs
+from sandboxd.registry import BUILTIN, kinds
+from sandboxd.runners.base import RunnerKind, import_string
+from sandboxd.runners.python.cgroups import CgroupGroup
+from sandboxd.runners.python.config import PythonRunnerConfig
+from sandboxd.runners.python.jail import build_config, kafel_policy
+from sandboxd.runners.python.jailside import seccomp, wire
+from sandboxd.runners.python.models import PythonAction
+from sandboxd.stores.idempotency import MemoryIdempotencyStore
+from sandboxd.stores.sessions import MemorySessionStore, SessionRecord, new_session_id, owner_of
 
 
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
@@ -73,19 +79,83 @@ def test_jail_config_hides_host_paths() -> None:
 
 
 def test_error_tree_statuses_and_blame() -> None:
-    assert errors.Saturated("x", 1.0).status == 429
+    assert errors.Saturated("x", retry_after_s=1.0).status == 429
+    assert errors.Saturated("x").retry_after_s == 1.0  # a refusal always says when to come back
     assert errors.DeadlineExceeded("x").status == 504 and errors.DeadlineExceeded.blame == "infra"
     assert errors.UnknownSession("x").status == 404 and errors.UnknownSession.blame == "client"
-    assert isinstance(errors.from_dict(errors.WorkerDied("gone").to_dict()), errors.WorkerDied)
+
+
+@pytest.mark.parametrize("code", sorted(errors.registered()))
+def test_every_error_survives_a_boundary_with_every_field(code: str) -> None:
+    cls = errors.registered()[code]
+    sent = cls("why it failed", retry_after_s=3.5, worker=2, session_id="s_abc.node1")
+    back = errors.from_dict(orjson.loads(orjson.dumps(sent.to_dict())))
+    assert type(back) is cls and back.status == cls.status and back.blame == cls.blame
+    assert back.to_dict() == sent.to_dict()
+
+
+def test_error_codes_are_unique_and_unknown_codes_are_infra() -> None:
+    assert {"saturated", "session_lost", "worker_died", "bad_request", "unknown_session"} <= set(errors.registered())
+    with pytest.raises(TypeError, match="taken"):
+        type("Twin", (errors.InfraError,), {"code": "saturated"})
+    back = errors.from_dict({"code": "from_a_newer_node", "message": "?"})
+    assert type(back) is errors.InfraError and back.status == 500
 
 
 def test_settings_validation(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SANDBOXD_PYTHON__SLOTS_PER_WORKER", "7")
-    assert Settings().python.slots_per_worker == 7
+    cfg = load_settings().runner_config("python")
+    assert isinstance(cfg, PythonRunnerConfig) and cfg.slots_per_worker == 7
+    assert "fake" not in load_settings().runners  # registered from tests, but off unless named
+    with pytest.raises(ValidationError, match="unknown runner kinds"):
+        load_settings(runners=["nope"])
     with pytest.raises(ValidationError):
-        Settings(runners=["nope"])
+        load_settings(default_timeout_s=500, max_timeout_s=10)
+    with pytest.raises(ValidationError, match="node_id"):
+        load_settings(node_id="has space")
     with pytest.raises(ValidationError):
-        Settings(default_timeout_s=500, max_timeout_s=10)
+        load_settings(python={"no_such_field": 1})
+
+
+def test_the_fake_kind_comes_from_tests_through_the_entry_point_seam() -> None:
+    assert "fake" not in BUILTIN and kinds()["fake"].runner.startswith("tests.")
+    for name, spec in BUILTIN.items():
+        kind = import_string(spec)
+        assert isinstance(kind, RunnerKind) and kind.name == name
+        assert kind.config.model_config.get("extra") == "forbid"
+        for field_name, info in kind.config.model_fields.items():
+            assert info.description, f"{name}.{field_name} has no description"
+    with pytest.raises(ValueError, match="clash"):
+        build_settings_model({"port": kinds()["fake"]})
+
+
+def test_placement_puts_heavy_kinds_in_the_first_workers_only() -> None:
+    kind = kinds()["fake"]
+    every = kind.config()
+    assert all(kind.hosted_by(i, every) for i in range(8))
+    two = kind.config(instances_per_node=2)
+    assert [kind.hosted_by(i, two) for i in range(4)] == [True, True, False, False]
+
+
+def test_configuration_docs_are_generated_from_the_models() -> None:
+    doc = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    assert doc == render_config_docs(), "run: .venv/bin/sandboxd config-docs > docs/configuration.md"
+
+
+async def test_session_store_routes_and_expires() -> None:
+    store = MemorySessionStore()
+    sid = new_session_id("node-1.example")
+    assert owner_of(sid) == "node-1.example" and owner_of("bogus") is None
+    await store.put(SessionRecord(sid, "python", "node-1.example", 0, 1, ttl_s=0.05, idle_s=60))
+    assert (await store.get(sid)).worker == 0 and await store.per_worker("python") == {0: 1}
+    assert await store.mark_worker_lost(0, "worker 0 died") == 1
+    with pytest.raises(errors.SessionLost):
+        await store.get(sid)
+    await asyncio.sleep(0.06)
+    assert [why for _, why in await store.expired()] == ["ttl"]
+    await store.remove(sid, "reaped (ttl)")
+    with pytest.raises(errors.UnknownSession, match=r"reaped \(ttl\)"):
+        await store.get(sid)
 
 
 def test_python_action_paths() -> None:
@@ -96,7 +166,7 @@ def test_python_action_paths() -> None:
 
 
 async def test_idempotency_cache_runs_once() -> None:
-    cache = IdempotencyCache(ttl_s=60, max_entries=10)
+    cache = MemoryIdempotencyStore(ttl_s=60, max_entries=10)
     calls = 0
 
     async def work() -> int:

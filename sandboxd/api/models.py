@@ -1,0 +1,100 @@
+"""Request and response models of the native HTTP API (the edge: pydantic, strict)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Blame = Literal["program", "client", "infra"]
+
+
+class Limits(BaseModel):
+    """Per-step limits; each is clamped to the node's configured maximum."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_mb: int | None = Field(None, ge=16, description="Memory cap of this step's sandbox (at most the node's).")
+    max_output_bytes: int | None = Field(None, ge=1, description="Bytes of stdout/stderr kept (at most the node's).")
+
+
+class StepRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    runner: str = Field(..., min_length=1, max_length=64, description="Runner kind, e.g. 'python'.")
+    action: dict[str, Any] = Field(
+        ..., description="What to run: the runner kind's action (GET /runners/{kind} gives its schema)."
+    )
+    session_id: str | None = Field(
+        None, max_length=128, description="Run inside this session (state persists); none = one-shot, fresh sandbox."
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, description="Execution time limit (default: the node's default_timeout_s)."
+    )
+    limits: Limits | None = None
+    idempotency_key: str | None = Field(
+        None, min_length=1, max_length=256, description="Retries with the same key return the first result."
+    )
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    steps: list[StepRequest] = Field(
+        ..., min_length=1, description="Run concurrently; results come back in this order."
+    )
+
+
+class ErrorInfo(BaseModel):
+    blame: Blame = Field(
+        ...,
+        description=(
+            "program: the code failed; infra: the service failed (mask it, don't score it); "
+            "client: the request was wrong."
+        ),
+    )
+    code: str = Field(
+        ..., description="Stable machine-readable reason, e.g. program_exit, program_timeout, saturated, worker_died."
+    )
+    message: str
+    retry_after_s: float | None = None
+
+
+class StepResult(BaseModel):
+    ok: bool = Field(..., description="True when the step ran and the program succeeded (exit 0, not killed).")
+    status: int = Field(200, description="HTTP status this result would have on its own (useful inside a batch).")
+    observation: dict[str, Any] | None = Field(
+        None, description="The runner kind's observation (GET /runners/{kind} gives its schema)."
+    )
+    error: ErrorInfo | None = None
+    latency_ms: float
+    worker: int | None = None
+    runner: str | None = None
+    session_id: str | None = None
+
+
+class BatchResult(BaseModel):
+    results: list[StepResult]
+
+
+class SessionCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    runner: str = Field("python", min_length=1, max_length=64)
+    ttl_s: float | None = Field(None, gt=0, description="Session lifetime (at most the node's session_ttl_s).")
+    idle_timeout_s: float | None = Field(
+        None, gt=0, description="Closed after this long without a step (at most the node's)."
+    )
+    options: dict[str, Any] = Field(default_factory=dict, description="Runner-specific session options.")
+    idempotency_key: str | None = Field(None, min_length=1, max_length=256)
+
+
+class SessionInfo(BaseModel):
+    session_id: str = Field(..., description="s_<random>.<node_id>: the node that owns it is part of the id.")
+    runner: str
+    node_id: str
+    worker: int
+    created_at: float
+    expires_in_s: float
+    idle_expires_in_s: float
+    steps: int

@@ -1,0 +1,68 @@
+"""sandboxd's own surface: rollout steps, sessions and runner descriptions."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from sandboxd.api.models import BatchRequest, BatchResult, SessionCreate, SessionInfo, StepRequest, StepResult
+from sandboxd.api.surface import json_response, native_error, retry_headers, surface_router
+from sandboxd.gateway import Gateway
+
+
+def router(gateway: Gateway) -> APIRouter:
+    api = surface_router(native_error)
+
+    @api.post(
+        "/rollout/step",
+        response_model=StepResult,
+        responses={429: {"model": StepResult}, 504: {"model": StepResult}},
+        tags=["rollout"],
+    )
+    async def rollout_step(req: StepRequest) -> Response:
+        """Run one step: one-shot in a fresh sandbox, or inside ``session_id``'s sandbox."""
+        result = await gateway.step(req)
+        retry = result.error.retry_after_s if result.error else None
+        return json_response(result.model_dump(), result.status, retry_headers(retry))
+
+    @api.post("/rollout/steps", response_model=BatchResult, tags=["rollout"])
+    async def rollout_steps(req: BatchRequest) -> Response:
+        """Run a batch of steps concurrently; results in request order, each with its own status."""
+        results = await gateway.batch(req.steps)
+        return json_response({"results": [r.model_dump() for r in results]})
+
+    @api.post("/sessions", response_model=SessionInfo, status_code=201, tags=["sessions"])
+    async def create_session(req: SessionCreate) -> Response:
+        """Create a session pinned to one worker; its state persists across steps until closed or reaped."""
+        info = await gateway.create_session(req)
+        return json_response(info.model_dump(), 201)
+
+    @api.get("/sessions/{session_id}", response_model=SessionInfo, tags=["sessions"])
+    async def get_session(session_id: str) -> Response:
+        return json_response((await gateway.session_info(session_id)).model_dump())
+
+    @api.delete("/sessions/{session_id}", status_code=204, tags=["sessions"])
+    async def delete_session(session_id: str) -> Response:
+        await gateway.close_session(session_id)
+        return Response(status_code=204)
+
+    @api.get("/runners", tags=["runners"])
+    async def list_runners() -> Response:
+        """Runner kinds enabled on this node."""
+        return json_response({"runners": list(gateway.kinds)})
+
+    @api.get("/runners/{kind}", tags=["runners"])
+    async def describe_runner(kind: str) -> Response:
+        """A kind's action and observation schemas, and what else the kind says of itself (e.g. tools)."""
+        k = gateway.kind(kind)
+        body: dict[str, object] = {
+            "runner": kind,
+            "title": k.title,
+            "action_schema": k.action.model_json_schema(),
+            "observation_schema": k.observation.model_json_schema(),
+        }
+        if k.describe is not None:
+            body.update(k.describe())
+        return json_response(body)
+
+    return api

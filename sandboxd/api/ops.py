@@ -1,0 +1,36 @@
+"""Operations surface: liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+from sandboxd.api.surface import json_response, native_error, surface_router
+from sandboxd.gateway import Gateway
+
+
+def router(gateway: Gateway) -> APIRouter:
+    api = surface_router(native_error, tags=["operations"])
+
+    @api.get("/healthz")
+    async def healthz() -> Response:
+        """The process is up (liveness)."""
+        return json_response({"ok": True})
+
+    @api.get("/readyz")
+    async def readyz() -> Response:
+        """Every worker is up with its warm pools (readiness); 503 otherwise."""
+        ok, body = await gateway.ready()
+        return json_response(body, 200 if ok else 503)
+
+    @api.get("/metrics")
+    async def metrics() -> Response:
+        g = gateway
+        if g.scheduler is not None:
+            for kind in g.kinds:
+                g.metrics.queue_depth.labels(kind).set(g.scheduler.queue_depth(kind))
+                g.metrics.inflight.labels(kind).set(g.scheduler.inflight(kind))
+        return Response(generate_latest(g.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return api

