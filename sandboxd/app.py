@@ -19,6 +19,8 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from sandboxd.api import native, ops
+from sandboxd.api.auth import Auth
+from sandboxd.api.limits import BodyLimit
 from sandboxd.api.surface import json_response, native_error, request_error
 from sandboxd.config import NodeSettings, load_settings
 from sandboxd.gateway import Gateway
@@ -45,8 +47,10 @@ def create_app(settings: NodeSettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.gateway = gateway
-    app.include_router(native.router(gateway))
-    app.include_router(ops.router(gateway))
+    auth = Auth(settings)
+    app.include_router(native.router(gateway, auth))
+    app.include_router(ops.router(gateway, auth, protected=settings.auth_ops))
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> Response:

@@ -50,6 +50,8 @@ def _serve(args: argparse.Namespace) -> int:
         loop="auto",
         http="auto",
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
+        limit_concurrency=settings.max_connections,
+        timeout_keep_alive=30,
     )
     return EXIT_OK
 

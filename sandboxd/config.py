@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shutil
 import socket
 import tempfile
 from collections.abc import Mapping
@@ -26,10 +27,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sandboxd.runners.base import RunnerConfig, RunnerKind
 
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-
-
-def _default_runtime_dir() -> str:
-    return str(Path(tempfile.gettempdir()) / f"sandboxd-{os.getpid()}")
 
 
 def default_node_id() -> str:
@@ -80,7 +77,38 @@ class NodeSettings(BaseSettings):
     )
     shutdown_grace_s: float = Field(10.0, ge=0, description="On shutdown, running steps get this long to finish.")
     runtime_dir: str = Field(
-        default_factory=_default_runtime_dir, description="Scratch directory (sockets, jail logs)."
+        "",
+        description="Scratch directory (sockets, jail logs); empty = a new private directory (0700, random name) "
+        "under the system's temp dir, removed at shutdown.",
+    )
+    max_body_bytes: int = Field(
+        64 << 20, ge=1024, description="Largest request body; refused with 413 while it is being read, not after."
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request body that stalls this long between chunks is refused with 408."
+    )
+    max_connections: int = Field(
+        4096, ge=16, description="Concurrent HTTP connections the gateway serves; more are answered 503."
+    )
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="Bearer keys clients must send (Authorization: Bearer <key>); each key is a tenant. "
+        "Empty = no authentication (only allowed on a loopback address unless allow_insecure).",
+    )
+    api_keys_file: str = Field(
+        "", description="A file with one API key per line (e.g. a mounted secret), added to api_keys."
+    )
+    allow_insecure: bool = Field(
+        False, description="Serve a non-loopback address without API keys (never on a shared network)."
+    )
+    auth_ops: bool = Field(
+        False, description="Require a key for /healthz, /readyz and /metrics too (probes and Prometheus need one)."
+    )
+    tenant_max_sessions: int = Field(
+        512, ge=1, description="Live sessions one tenant (API key) may hold on this node; more is a 429."
+    )
+    tenant_max_inflight: int = Field(
+        1024, ge=1, description="Steps one tenant may have running or queued on this node; more is a 429."
     )
     log_level: str = Field("info", description="Log level of the gateway and workers.")
 
@@ -95,6 +123,11 @@ class NodeSettings(BaseSettings):
     def _check(self) -> NodeSettings:
         if self.default_timeout_s > self.max_timeout_s:
             raise ValueError("default_timeout_s must not exceed max_timeout_s")
+        if not self.all_api_keys() and not self.allow_insecure and not _is_loopback(self.host):
+            raise ValueError(
+                f"host {self.host!r} is not a loopback address and no api_keys are set: anyone who can reach it "
+                "could run code here. Set SANDBOXD_API_KEYS or SANDBOXD_API_KEYS_FILE, or SANDBOXD_ALLOW_INSECURE=true"
+            )
         if not self.runners:
             self.runners = [name for name, kind in self.kinds.items() if kind.default_enabled]
         unknown = [k for k in self.runners if k not in self.kinds]
@@ -103,6 +136,20 @@ class NodeSettings(BaseSettings):
         if len(set(self.runners)) != len(self.runners):
             raise ValueError(f"runners lists a kind twice: {self.runners}")
         return self
+
+    def all_api_keys(self) -> list[str]:
+        """``api_keys`` plus the lines of ``api_keys_file`` (blank lines and ``#`` comments skipped)."""
+        keys = list(self.api_keys)
+        if self.api_keys_file:
+            try:
+                text = Path(self.api_keys_file).read_text()
+            except OSError as exc:
+                raise ValueError(f"api_keys_file {self.api_keys_file!r}: {exc.strerror}") from exc
+            keys += [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+        short = [k for k in keys if len(k) < 16]
+        if short:
+            raise ValueError(f"{len(short)} API key(s) shorter than 16 characters: use long random keys")
+        return keys
 
     def runner_config(self, kind: str) -> RunnerConfig:
         """The config section of ``kind`` (one field per registered kind)."""
@@ -114,6 +161,34 @@ class NodeSettings(BaseSettings):
         return self.workers or (
             len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         )
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def make_runtime_dir(settings: NodeSettings) -> Path:
+    """The node's scratch directory: the configured one, or a new private one (0700, unpredictable name).
+
+    Directories left by a node that was killed (its pid is in the name) are removed first.
+    """
+    if settings.runtime_dir:
+        path = Path(settings.runtime_dir)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return path
+    base = Path(tempfile.gettempdir())
+    for stale in base.glob("sandboxd-*-*"):
+        pid = stale.name.split("-")[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists() and stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"sandboxd-{os.getpid()}-"))
 
 
 def build_settings_model(kinds: Mapping[str, RunnerKind]) -> type[NodeSettings]:

@@ -45,4 +45,4 @@ WORKER_RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 IPC_MAX_FRAME_BYTES = 512 << 20
 SESSION_ID_BYTES = 12
 CLOSED_REASONS_KEPT = 10_000  # ended sessions remembered, so a late step's 404 can say why
-LOST_SESSION_KEPT_S = 60.0  # a lost session answers 410 this long after its last use, then 404
+LOST_SESSION_KEPT_S = 60.0  # a lost session leaves the table this long after its last use (it still answers 410)

@@ -8,7 +8,8 @@
     │   ├── PayloadTooLarge      413     code, stdin or files over the configured cap
     │   ├── UnknownSession       404     no such session (never existed, closed, reaped)
     │   ├── SessionBusy          409     a step is already running in that session
-    │   └── UnknownRunner        422     runner kind not enabled on this node
+    │   ├── UnknownRunner        422     runner kind not enabled on this node
+    │   └── Unauthorized         401     no API key, or one this node does not know
     └── InfraError               500     the service failed, not the program (blame: infra)
         ├── Saturated            429     admission queue or a runner's session cap full; Retry-After
         ├── DeadlineExceeded     504     the step waited in the queue past its deadline
@@ -127,6 +128,11 @@ class SessionBusy(ClientError):
 class UnknownRunner(ClientError):
     status = 422
     code = "unknown_runner"
+
+
+class Unauthorized(ClientError):
+    status = 401
+    code = "unauthorized"
 
 
 class InfraError(SandboxdError):

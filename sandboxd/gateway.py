@@ -12,20 +12,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import shutil
 import time
+from collections import Counter
 from typing import Any
 
-from pydantic import BaseModel
+import orjson
 
 from sandboxd.api.models import ErrorInfo, SessionCreate, SessionInfo, StepRequest, StepResult
-from sandboxd.config import NodeSettings
+from sandboxd.config import NodeSettings, make_runtime_dir
 from sandboxd.errors import (
     BadRequest,
     PayloadTooLarge,
     SandboxdError,
     Saturated,
+    SessionBusy,
     SessionLost,
     UnknownRunner,
     WorkerDied,
@@ -62,13 +63,16 @@ class Gateway:
         )
         self._reaper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._busy: set[str] = set()  # sessions with a step running: a second one is a 409, not a queue
+        self._tenant_inflight: Counter[str] = Counter()
+        self._own_runtime_dir = not settings.runtime_dir
         self.inflight = 0
         self.started = False
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        os.makedirs(self.settings.runtime_dir, exist_ok=True)
+        self.settings.runtime_dir = str(make_runtime_dir(self.settings))
         await self.supervisor.start()
         self.scheduler = Scheduler(self.supervisor.workers, self.settings.queue_max, self.settings.queue_timeout_s)
         for w in self.supervisor.workers:
@@ -101,7 +105,8 @@ class Gateway:
                 await self._reaper
         n_sessions = await self.sessions.count()
         await self.supervisor.stop()
-        shutil.rmtree(self.settings.runtime_dir, ignore_errors=True)
+        if self._own_runtime_dir:
+            shutil.rmtree(self.settings.runtime_dir, ignore_errors=True)
         log.info("sandboxd node %s stopped (%d sessions closed)", self.node_id, n_sessions)
 
     def _worker_lost(self, index: int) -> None:
@@ -126,7 +131,11 @@ class Gateway:
             {"index": w.index, "pid": w.pid, "alive": w.alive, "generation": w.generation, "capacity": w.capacity}
             for w in self.supervisor.workers
         ]
-        ok = self.started and all(w.alive for w in self.supervisor.workers)
+        # A worker is ready when it is up and every runner says its pools are whole (e.g. no dead jail).
+        ok = self.started and all(
+            w.alive and all(h.get("ready", True) for h in (w.health.get("runners") or {}).values())
+            for w in self.supervisor.workers
+        )
         body = {"ready": ok, "node_id": self.node_id, "workers": workers, "sessions": await self.sessions.count()}
         return ok, body
 
@@ -152,40 +161,66 @@ class Gateway:
             max_output_bytes=limits.max_output_bytes if limits else None,
         )
 
-    def admit(self, req: StepRequest) -> tuple[BaseModel, StepLimits]:
-        """The typed action and the step's limits, or the client's error naming what is wrong."""
+    def admit(self, req: StepRequest) -> tuple[orjson.Fragment, StepLimits]:
+        """The action, checked by its kind and serialised once, and the step's limits; or the client's error.
+
+        Everything that could fail later because of what the client sent fails here, as the client's:
+        a value JSON cannot carry (a lone surrogate, an integer above 64 bits, nesting deeper than 254
+        levels) would otherwise surface as a server error on the way to the worker.
+        """
         kind = self.kind(req.runner)
         action = kind.parse_action(req.action)
         limits = self._limits(req)
+        cfg = self.settings.runner_config(req.runner)
+        try:
+            raw = orjson.dumps(action.model_dump(mode="json"))
+        except (orjson.JSONEncodeError, ValueError, RecursionError) as exc:
+            raise BadRequest(f"action cannot be carried as JSON: {exc}") from None
+        if len(raw) > cfg.max_action_bytes:
+            raise PayloadTooLarge(
+                f"action is {len(raw)} bytes as JSON; runner {req.runner!r} takes at most {cfg.max_action_bytes}"
+            )
         if kind.admit is not None:
-            kind.admit(action, limits, self.settings.runner_config(req.runner))
-        return action, limits
+            kind.admit(action, limits, cfg)
+        return orjson.Fragment(raw), limits
 
-    async def step(self, req: StepRequest) -> StepResult:
+    async def step(self, req: StepRequest, tenant: str) -> StepResult:
         start = time.monotonic()
         self.inflight += 1
+        self._tenant_inflight[tenant] += 1
         try:
+            if self._tenant_inflight[tenant] > self.settings.tenant_max_inflight:
+                raise Saturated(
+                    f"this tenant has {self._tenant_inflight[tenant] - 1} steps in flight "
+                    f"(tenant_max_inflight {self.settings.tenant_max_inflight})",
+                    retry_after_s=1.0,
+                )
             action, limits = self.admit(req)
             if req.idempotency_key:
                 fp = fingerprint(req.model_dump(exclude={"idempotency_key"}))
                 result: StepResult = await self.idem.run(
-                    f"step:{req.idempotency_key}",
+                    f"{tenant}:step:{req.idempotency_key}",
                     fp,
-                    lambda: self._execute(req, action, limits, start),
+                    lambda: self._execute(req, tenant, action, limits, start),
                     keep=lambda r: r.error is None or r.error.blame != "infra",
                 )
                 return result
-            return await self._execute(req, action, limits, start)
+            return await self._execute(req, tenant, action, limits, start)
         except SandboxdError as exc:
             return self._failed(req.runner, exc, start, req.session_id)
         finally:
             self.inflight -= 1
+            self._tenant_inflight[tenant] -= 1
+            if not self._tenant_inflight[tenant]:
+                del self._tenant_inflight[tenant]
 
-    async def _execute(self, req: StepRequest, action: BaseModel, limits: StepLimits, start: float) -> StepResult:
-        call = {"runner": req.runner, "action": action.model_dump(mode="json"), "limits": limits.__dict__}
+    async def _execute(
+        self, req: StepRequest, tenant: str, action: orjson.Fragment, limits: StepLimits, start: float
+    ) -> StepResult:
+        call = {"runner": req.runner, "action": action, "limits": limits.__dict__}
         try:
             if req.session_id is not None:
-                raw, index = await self._session_step(req.session_id, req.runner, call)
+                raw, index = await self._session_step(req.session_id, tenant, req.runner, call)
             else:
                 assert self.scheduler is not None
                 deadline = start + self.settings.queue_timeout_s
@@ -211,8 +246,25 @@ class Gateway:
             session_id=req.session_id,
         )
 
-    async def _session_step(self, session_id: str, runner: str, call: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        rec = await self.sessions.get(session_id)
+    async def _session_step(
+        self, session_id: str, tenant: str, runner: str, call: dict[str, Any]
+    ) -> tuple[dict[str, Any], int]:
+        rec = await self.sessions.get(session_id, tenant)
+        if session_id in self._busy:
+            raise SessionBusy(
+                f"session {session_id} is running a step; send the next one when it has answered",
+                session_id=session_id,
+            )
+        self._busy.add(session_id)
+        try:
+            return await self._session_step_unlocked(rec, runner, call)
+        finally:
+            self._busy.discard(session_id)
+
+    async def _session_step_unlocked(
+        self, rec: SessionRecord, runner: str, call: dict[str, Any]
+    ) -> tuple[dict[str, Any], int]:
+        session_id = rec.session_id
         if rec.runner != runner:
             raise BadRequest(f"session {session_id} is a {rec.runner} session, not {runner}")
         worker = self.supervisor.workers[rec.worker]
@@ -224,8 +276,14 @@ class Gateway:
         await self.sessions.touch(session_id, stepped=False)
         try:
             raw: dict[str, Any] = await worker.call("step", session_id=session_id, **call)
-        except WorkerDied:
-            await self.sessions.mark_lost(session_id, f"worker {rec.worker} died during a step")
+        except WorkerDied as exc:  # the session's state went with its worker: that is what the client must learn
+            why = f"worker {rec.worker} died during a step"
+            await self.sessions.mark_lost(session_id, why)
+            raise SessionLost(
+                f"session {session_id} was lost: {why}", session_id=session_id, worker=rec.worker
+            ) from exc
+        except SessionLost as exc:  # the runner lost the sandbox (it stopped answering): say so on every later step
+            await self.sessions.mark_lost(session_id, exc.message)
             raise
         await self.sessions.touch(session_id, stepped=True)
         if raw.get("session_alive") is False:
@@ -248,25 +306,38 @@ class Gateway:
             session_id=session_id,
         )
 
-    async def batch(self, steps: list[StepRequest]) -> list[StepResult]:
+    async def batch(self, steps: list[StepRequest], tenant: str) -> list[StepResult]:
         if len(steps) > self.settings.max_batch:
             raise PayloadTooLarge(f"batch of {len(steps)} steps; this node takes at most {self.settings.max_batch}")
-        return list(await asyncio.gather(*(self.step(s) for s in steps)))
+        return list(await asyncio.gather(*(self.step(s, tenant) for s in steps)))
 
     # ------------------------------------------------------------------ sessions
 
-    async def create_session(self, req: SessionCreate) -> SessionInfo:
+    async def create_session(self, req: SessionCreate, tenant: str) -> SessionInfo:
         self.kind(req.runner)
+        try:
+            orjson.dumps(req.options)
+        except (orjson.JSONEncodeError, ValueError, RecursionError) as exc:
+            raise BadRequest(f"options cannot be carried as JSON: {exc}") from None
         if req.idempotency_key:
             fp = fingerprint(req.model_dump(exclude={"idempotency_key"}))
             info: SessionInfo = await self.idem.run(
-                f"session:{req.idempotency_key}", fp, lambda: self._create_session(req), keep=lambda _: True
+                f"{tenant}:session:{req.idempotency_key}",
+                fp,
+                lambda: self._create_session(req, tenant),
+                keep=lambda _: True,
             )
             return info
-        return await self._create_session(req)
+        return await self._create_session(req, tenant)
 
-    async def _create_session(self, req: SessionCreate) -> SessionInfo:
+    async def _create_session(self, req: SessionCreate, tenant: str) -> SessionInfo:
         s = self.settings
+        held = await self.sessions.count(tenant=tenant)
+        if held >= s.tenant_max_sessions:
+            raise Saturated(
+                f"this tenant holds {held} sessions (tenant_max_sessions {s.tenant_max_sessions}); close some first",
+                retry_after_s=5.0,
+            )
         ttl = min(req.ttl_s or s.session_ttl_s, s.session_ttl_s)
         idle = min(req.idle_timeout_s or s.session_idle_s, s.session_idle_s)
         alive = [w for w in self.supervisor.workers if w.alive and req.runner in w.capacity]
@@ -276,21 +347,18 @@ class Gateway:
         worker = min(alive, key=lambda w: per_worker.get(w.index, 0))
         sid = new_session_id(self.node_id)
         await worker.call("open", runner=req.runner, session_id=sid, options=req.options)
-        rec = SessionRecord(sid, req.runner, self.node_id, worker.index, worker.generation, ttl, idle)
+        rec = SessionRecord(sid, req.runner, tenant, self.node_id, worker.index, worker.generation, ttl, idle)
         await self.sessions.put(rec)
         self.metrics.sessions.labels(req.runner).set(await self.sessions.count(req.runner))
         return SessionInfo.model_validate(rec.describe())
 
-    async def session_info(self, session_id: str) -> SessionInfo:
-        return SessionInfo.model_validate((await self.sessions.get(session_id)).describe())
+    async def session_info(self, session_id: str, tenant: str) -> SessionInfo:
+        return SessionInfo.model_validate((await self.sessions.get(session_id, tenant)).describe())
 
-    async def close_session(self, session_id: str, why: str = "closed by the client") -> None:
-        """Close a session; a lost one is forgotten too. Unknown ids are a 404."""
-        try:
-            await self.sessions.get(session_id)
-        except SandboxdError as exc:
-            if exc.code != "session_lost":
-                raise
+    async def close_session(self, session_id: str, tenant: str, why: str = "closed by the client") -> None:
+        """Close a session; a lost one is forgotten too. Unknown ids (and other tenants' sessions) are a 404."""
+        with contextlib.suppress(SessionLost):
+            await self.sessions.get(session_id, tenant)
         await self._forget(session_id, why)
 
     async def _forget(self, session_id: str, why: str) -> None:

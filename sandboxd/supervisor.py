@@ -24,7 +24,7 @@ from typing import Any
 from sandboxd import ipc
 from sandboxd.config import NodeSettings
 from sandboxd.constants import WORKER_RESTART_BACKOFF_S, WORKER_START_TIMEOUT_S
-from sandboxd.errors import SandboxSetupError, WorkerDied, from_dict
+from sandboxd.errors import SandboxdError, SandboxSetupError, ShuttingDown, WorkerDied, from_dict
 
 log = logging.getLogger("sandboxd.workers")
 
@@ -40,6 +40,7 @@ class WorkerHandle:
         self.ids = itertools.count(1)
         self.capacity: dict[str, int] = {}
         self.alive = False
+        self.stopping = False  # set by stop(): steps cut off now failed because the node is draining
         self.dead = asyncio.Event()
         self.health: dict[str, Any] = {}
         self._reader_task: asyncio.Task[None] | None = None
@@ -101,19 +102,23 @@ class WorkerHandle:
         pending, self.pending = self.pending, {}
         for fut in pending.values():
             if not fut.done():
-                fut.set_exception(
-                    WorkerDied(f"worker {self.index} (pid {self.pid}) died mid-step: {why}", worker=self.index)
+                err: SandboxdError = (
+                    ShuttingDown(f"the node shut down before this step finished ({why})", worker=self.index)
+                    if self.stopping
+                    else WorkerDied(f"worker {self.index} (pid {self.pid}) died mid-step: {why}", worker=self.index)
                 )
+                fut.set_exception(err)
         self.dead.set()
 
     async def call(self, op: str, **fields: Any) -> Any:
         if not self.alive or self.writer is None:
             raise WorkerDied(f"worker {self.index} is not running", worker=self.index)
         msg_id = next(self.ids)
+        frame = ipc.pack({"id": msg_id, "op": op, **fields})  # before registering: a bad message leaks nothing
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.pending[msg_id] = fut
         try:
-            self.writer.write(ipc.pack({"id": msg_id, "op": op, **fields}))
+            self.writer.write(frame)
         except (ConnectionError, RuntimeError) as exc:
             self.pending.pop(msg_id, None)
             raise WorkerDied(f"worker {self.index}: {exc}", worker=self.index) from exc
@@ -135,6 +140,7 @@ class WorkerHandle:
 
     async def stop(self, grace_s: float) -> None:
         """Ask the worker to close its runners (jails, sessions), then make sure it is gone."""
+        self.stopping = True
         if self.alive and self.writer is not None:
             with contextlib.suppress(Exception):
                 self.writer.write(ipc.pack({"op": "shutdown"}))

@@ -144,12 +144,23 @@ def main(argv: list[str] | None = None) -> None:
     )
     sock = socket.socket(fileno=args.fd)
     worker = Worker(settings, args.index)
+    parent = os.getppid()
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
+
+        def on_signal(sig: int) -> None:
+            # SIGTERM/SIGINT to the whole process group (systemd, Ctrl-C) must not kill running steps:
+            # while the gateway lives it drives the shutdown (drain, then "shutdown"). Once it is gone
+            # (PDEATHSIG: our parent changed), close everything: no orphaned jails.
+            if os.getppid() == parent:
+                log.info("worker %d: signal %d ignored; the gateway drives shutdown", args.index, sig)
+                return
+            done.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, done.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         serve = asyncio.create_task(worker.serve(sock))
         stop = asyncio.create_task(done.wait())
         await asyncio.wait([serve, stop], return_when=asyncio.FIRST_COMPLETED)

@@ -93,7 +93,7 @@ async def test_session_lost_with_its_worker_is_410(http: httpx.AsyncClient) -> N
     worker = r.json()["worker"]
     # crash that worker through the session itself
     r = await http.post("/rollout/step", json=fake({"crash_worker": True}, session_id=sid))
-    assert r.status_code == 502
+    assert r.status_code == 410 and r.json()["error"]["code"] == "session_lost"  # its state went with the worker
     r = await http.post("/rollout/step", json=fake({"echo": "b"}, session_id=sid))
     assert r.status_code == 410 and r.json()["error"]["code"] == "session_lost", r.text
     assert r.json()["error"]["blame"] == "infra"

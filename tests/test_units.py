@@ -142,20 +142,30 @@ def test_configuration_docs_are_generated_from_the_models() -> None:
     assert doc == render_config_docs(), "run: .venv/bin/sandboxd config-docs > docs/configuration.md"
 
 
-async def test_session_store_routes_and_expires() -> None:
+async def test_session_store_routes_expires_and_keeps_tenants_apart() -> None:
     store = MemorySessionStore()
     sid = new_session_id("node-1.example")
     assert owner_of(sid) == "node-1.example" and owner_of("bogus") is None
-    await store.put(SessionRecord(sid, "python", "node-1.example", 0, 1, ttl_s=0.05, idle_s=60))
-    assert (await store.get(sid)).worker == 0 and await store.per_worker("python") == {0: 1}
+    await store.put(SessionRecord(sid, "python", "t_a", "node-1.example", 0, 1, ttl_s=0.05, idle_s=60))
+    assert (await store.get(sid, "t_a")).worker == 0 and await store.per_worker("python") == {0: 1}
+    with pytest.raises(errors.UnknownSession):  # another tenant's session looks like no session at all
+        await store.get(sid, "t_b")
+    assert await store.count(tenant="t_a") == 1 and await store.count(tenant="t_b") == 0
     assert await store.mark_worker_lost(0, "worker 0 died") == 1
     with pytest.raises(errors.SessionLost):
-        await store.get(sid)
+        await store.get(sid, "t_a")
     await asyncio.sleep(0.06)
     assert [why for _, why in await store.expired()] == ["ttl"]
     await store.remove(sid, "reaped (ttl)")
-    with pytest.raises(errors.UnknownSession, match=r"reaped \(ttl\)"):
-        await store.get(sid)
+    with pytest.raises(errors.SessionLost, match="worker 0 died"):  # lost stays lost (410), never a 404
+        await store.get(sid, "t_a")
+    with pytest.raises(errors.UnknownSession):
+        await store.get(sid, "t_b")
+    closed = new_session_id("n")
+    await store.put(SessionRecord(closed, "sql", "t_a", "n", 0, 1, ttl_s=60, idle_s=60))
+    await store.remove(closed, "closed by the client")
+    with pytest.raises(errors.UnknownSession, match="closed by the client"):
+        await store.get(closed, "t_a")
 
 
 def test_python_action_paths() -> None:

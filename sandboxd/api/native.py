@@ -1,17 +1,24 @@
-"""sandboxd's own surface: rollout steps, sessions and runner descriptions."""
+"""sandboxd's own surface: rollout steps, sessions and runner descriptions.
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: FastAPI reads the routes'
+``Annotated[..., Depends(auth)]`` signatures at run time, and a local alias
+written as a string would not resolve.
+"""
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
+from sandboxd.api.auth import Auth
 from sandboxd.api.models import BatchRequest, BatchResult, SessionCreate, SessionInfo, StepRequest, StepResult
 from sandboxd.api.surface import json_response, native_error, retry_headers, surface_router
 from sandboxd.gateway import Gateway
 
 
-def router(gateway: Gateway) -> APIRouter:
+def router(gateway: Gateway, auth: Auth) -> APIRouter:
     api = surface_router(native_error)
+    Tenant = Annotated[str, Depends(auth)]
 
     @api.post(
         "/rollout/step",
@@ -19,40 +26,40 @@ def router(gateway: Gateway) -> APIRouter:
         responses={429: {"model": StepResult}, 504: {"model": StepResult}},
         tags=["rollout"],
     )
-    async def rollout_step(req: StepRequest) -> Response:
+    async def rollout_step(req: StepRequest, tenant: Tenant) -> Response:
         """Run one step: one-shot in a fresh sandbox, or inside ``session_id``'s sandbox."""
-        result = await gateway.step(req)
+        result = await gateway.step(req, tenant)
         retry = result.error.retry_after_s if result.error else None
         return json_response(result.model_dump(), result.status, retry_headers(retry))
 
     @api.post("/rollout/steps", response_model=BatchResult, tags=["rollout"])
-    async def rollout_steps(req: BatchRequest) -> Response:
+    async def rollout_steps(req: BatchRequest, tenant: Tenant) -> Response:
         """Run a batch of steps concurrently; results in request order, each with its own status."""
-        results = await gateway.batch(req.steps)
+        results = await gateway.batch(req.steps, tenant)
         return json_response({"results": [r.model_dump() for r in results]})
 
     @api.post("/sessions", response_model=SessionInfo, status_code=201, tags=["sessions"])
-    async def create_session(req: SessionCreate) -> Response:
+    async def create_session(req: SessionCreate, tenant: Tenant) -> Response:
         """Create a session pinned to one worker; its state persists across steps until closed or reaped."""
-        info = await gateway.create_session(req)
+        info = await gateway.create_session(req, tenant)
         return json_response(info.model_dump(), 201)
 
     @api.get("/sessions/{session_id}", response_model=SessionInfo, tags=["sessions"])
-    async def get_session(session_id: str) -> Response:
-        return json_response((await gateway.session_info(session_id)).model_dump())
+    async def get_session(session_id: str, tenant: Tenant) -> Response:
+        return json_response((await gateway.session_info(session_id, tenant)).model_dump())
 
     @api.delete("/sessions/{session_id}", status_code=204, tags=["sessions"])
-    async def delete_session(session_id: str) -> Response:
-        await gateway.close_session(session_id)
+    async def delete_session(session_id: str, tenant: Tenant) -> Response:
+        await gateway.close_session(session_id, tenant)
         return Response(status_code=204)
 
     @api.get("/runners", tags=["runners"])
-    async def list_runners() -> Response:
+    async def list_runners(_: Tenant) -> Response:
         """Runner kinds enabled on this node."""
         return json_response({"runners": list(gateway.kinds)})
 
     @api.get("/runners/{kind}", tags=["runners"])
-    async def describe_runner(kind: str) -> Response:
+    async def describe_runner(kind: str, _: Tenant) -> Response:
         """A kind's action and observation schemas, and what else the kind says of itself (e.g. tools)."""
         k = gateway.kind(kind)
         body: dict[str, object] = {

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
+from sandboxd.api.auth import Auth
 from sandboxd.api.surface import json_response, native_error, surface_router
 from sandboxd.gateway import Gateway
 
 
-def router(gateway: Gateway) -> APIRouter:
-    api = surface_router(native_error, tags=["operations"])
+def router(gateway: Gateway, auth: Auth, protected: bool) -> APIRouter:
+    """``protected``: probes and Prometheus must send a key too (``auth_ops``)."""
+    api = surface_router(native_error, tags=["operations"], dependencies=[Depends(auth)] if protected else [])
 
     @api.get("/healthz")
     async def healthz() -> Response:

@@ -9,6 +9,7 @@ JSON, missing fields) and hand both, as one ``SandboxdError``, to ``render``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -18,7 +19,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.responses import Response
 
-from sandboxd.errors import BadRequest, SandboxdError
+from sandboxd.errors import BadRequest, InfraError, SandboxdError
+
+log = logging.getLogger("sandboxd.api")
 
 ErrorRenderer = Callable[[SandboxdError], Response]
 
@@ -56,6 +59,9 @@ def surface_router(render: ErrorRenderer, **kwargs: Any) -> APIRouter:
                     return render(exc)
                 except RequestValidationError as exc:
                     return render(request_error(exc))
+                except Exception as exc:  # a bug of ours: still one error shape, blamed on us, and logged
+                    log.exception("%s %s failed", request.method, request.url.path)
+                    return render(InfraError(f"internal error: {type(exc).__name__}"))
 
             return route
 

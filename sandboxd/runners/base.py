@@ -103,6 +103,7 @@ class RunnerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    max_action_bytes: int = Field(1 << 20, ge=64, description="Largest action of one step, as JSON; more is a 413.")
     instances_per_node: int = Field(
         0,
         ge=0,

@@ -25,6 +25,7 @@ from sandboxd.errors import SessionLost, UnknownSession
 class SessionRecord:
     session_id: str
     runner: str
+    tenant: str
     node_id: str
     worker: int
     generation: int
@@ -73,8 +74,9 @@ class SessionStore(Protocol):
 
     async def put(self, rec: SessionRecord) -> None: ...
 
-    async def get(self, session_id: str) -> SessionRecord:
-        """The live record; ``UnknownSession`` (saying why it ended, if known) or ``SessionLost``."""
+    async def get(self, session_id: str, tenant: str) -> SessionRecord:
+        """The live record of ``tenant``'s session; ``UnknownSession`` (saying why it ended, if known; also for
+        another tenant's session, which must look like no session at all) or ``SessionLost``."""
         ...
 
     async def touch(self, session_id: str, stepped: bool) -> None:
@@ -93,7 +95,9 @@ class SessionStore(Protocol):
         """Sessions past their TTL or idle timeout, and lost ones nobody asked about for a while."""
         ...
 
-    async def count(self, runner: str | None = None) -> int: ...
+    async def count(self, runner: str | None = None, tenant: str | None = None) -> int:
+        """Live sessions (lost ones hold nothing and count for no quota)."""
+        ...
 
     async def per_worker(self, runner: str) -> dict[int, int]:
         """Live sessions of ``runner`` per worker of this node (placement of new sessions)."""
@@ -105,16 +109,18 @@ class MemorySessionStore:
 
     def __init__(self) -> None:
         self._sessions: dict[str, SessionRecord] = {}
-        self._closed: dict[str, str] = {}  # recently ended, for a clearer 404
+        self._closed: dict[str, tuple[str, str, bool]] = {}  # recently ended: tenant, why, lost (410, not 404)
 
     async def put(self, rec: SessionRecord) -> None:
         self._sessions[rec.session_id] = rec
 
-    async def get(self, session_id: str) -> SessionRecord:
+    async def get(self, session_id: str, tenant: str) -> SessionRecord:
         rec = self._sessions.get(session_id)
-        if rec is None:
-            why = self._closed.get(session_id)
-            suffix = f" (it ended: {why})" if why else ""
+        if rec is None or rec.tenant != tenant:
+            owner, why, lost = self._closed.get(session_id, ("", "", False))
+            if rec is None and owner == tenant and lost:
+                raise SessionLost(f"session {session_id} was lost: {why}", session_id=session_id)
+            suffix = f" (it ended: {why})" if rec is None and owner == tenant else ""
             raise UnknownSession(f"unknown session {session_id!r}{suffix}", session_id=session_id)
         if rec.lost:
             raise SessionLost(f"session {session_id} was lost: {rec.lost}", session_id=session_id, worker=rec.worker)
@@ -142,7 +148,7 @@ class MemorySessionStore:
     async def remove(self, session_id: str, why: str) -> SessionRecord | None:
         rec = self._sessions.pop(session_id, None)
         if rec is not None:
-            self._closed[session_id] = why
+            self._closed[session_id] = (rec.tenant, rec.lost or why, rec.lost is not None)
             if len(self._closed) > CLOSED_REASONS_KEPT:
                 for key in list(self._closed)[: CLOSED_REASONS_KEPT // 2]:
                     del self._closed[key]
@@ -159,8 +165,12 @@ class MemorySessionStore:
                 out.append((rec, "lost"))
         return out
 
-    async def count(self, runner: str | None = None) -> int:
-        return sum(1 for r in self._sessions.values() if runner is None or r.runner == runner)
+    async def count(self, runner: str | None = None, tenant: str | None = None) -> int:
+        return sum(
+            1
+            for r in self._sessions.values()
+            if r.lost is None and (runner is None or r.runner == runner) and (tenant is None or r.tenant == tenant)
+        )
 
     async def per_worker(self, runner: str) -> dict[int, int]:
         out: dict[int, int] = {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ from pathlib import Path
 from sandboxd.errors import SandboxSetupError
 
 V1_CONTROLLERS = ("memory", "pids")
+V1_OPTIONAL = ("cpu",)  # used where mounted: a CPU quota per sandbox
+CPU_PERIOD_US = 100_000
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,29 @@ class CgroupGroup:
         except OSError as exc:
             raise SandboxSetupError(f"cannot set cgroup limits: {exc}") from exc
 
+    def set_cpu(self, cores: float) -> None:
+        """At most ``cores`` CPUs for everything in the group (CFS quota), so no sandbox, and nothing it
+        leaves running between session steps, takes more than its share of the machine."""
+        quota = max(1000, int(cores * CPU_PERIOD_US))
+        try:
+            if self.version == 1:
+                d = self.dirs.get("cpu")
+                if d is not None:
+                    (d / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+                    (d / "cpu.cfs_quota_us").write_text(str(quota))
+            else:
+                (self.dirs["unified"] / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+        except OSError as exc:
+            raise SandboxSetupError(f"cannot set the cgroup CPU quota: {exc}") from exc
+
+    def move_charges_on_join(self) -> None:
+        """v1: a process that joins brings the memory it already charged elsewhere (a pre-forked session
+        executor's pages would otherwise stay on the zygote's group, ~1 MB per session, until the zygote
+        is killed at its limit). v2 never moves charges: there the zygote's group has room for them."""
+        if self.version == 1:
+            with contextlib.suppress(OSError):
+                (self.dirs["memory"] / "memory.move_charge_at_immigrate").write_text("3")
+
     def add(self, pid: int) -> None:
         try:
             for f in self.procs_files:
@@ -120,7 +146,7 @@ class CgroupGroup:
         """v2 only: let children of this group have memory and pids limits."""
         if self.version == 2:
             with contextlib.suppress(OSError):
-                (self.dirs["unified"] / "cgroup.subtree_control").write_text("+memory +pids")
+                (self.dirs["unified"] / "cgroup.subtree_control").write_text("+memory +pids +cpu")
 
     def remove(self) -> None:
         """Remove the group; kill what is left in it first (never leak a sandbox)."""
@@ -128,6 +154,30 @@ class CgroupGroup:
             for sub in sorted((p for p in d.glob("**/") if p != d), key=lambda p: -len(p.parts)):
                 _kill_and_rmdir(sub)
             _kill_and_rmdir(d)
+
+
+def kill_if_member(pid: int, group_dir: Path) -> None:
+    """SIGKILL ``pid`` only if it is still the process in ``group_dir``: a pid number is not a process.
+
+    The pidfd pins one process; /proc/<pid>/cgroup read after it is open tells
+    whether that process is ours (if the number was reused before, the new
+    owner lives elsewhere and is left alone; if it dies after, the signal
+    finds nothing).
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        tail = "/" + "/".join(group_dir.parts[-3:])  # includes the worker's own root name: unique on the host
+        with open(f"/proc/{pid}/cgroup") as f:
+            if not any(line.rstrip("\n").endswith(tail) for line in f):
+                return
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        return
+    finally:
+        os.close(pidfd)
 
 
 def _kill_and_rmdir(d: Path) -> None:
@@ -138,8 +188,7 @@ def _kill_and_rmdir(d: Path) -> None:
         except (OSError, ValueError):
             pids = []
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, 9)
+            kill_if_member(pid, d)
         try:
             d.rmdir()
             return
@@ -156,7 +205,8 @@ class CgroupRoot:
         self.mount = mount
         self.version = version or detect_version(mount)
         if self.version == 1:
-            dirs = {c: mount / c / _own_path(c).lstrip("/") / name for c in V1_CONTROLLERS}
+            ctrls = [*V1_CONTROLLERS, *(c for c in V1_OPTIONAL if (mount / c).is_dir())]
+            dirs = {c: mount / c / _own_path(c).lstrip("/") / name for c in ctrls}
         else:
             dirs = {"unified": mount / _own_path(None).lstrip("/") / name}
         try:

@@ -28,6 +28,9 @@ def world_traversable(path: Path) -> bool:
 class PythonRunnerConfig(RunnerConfig):
     """The nsjail-isolated Python runner."""
 
+    max_action_bytes: int = Field(
+        64 << 20, ge=64, description="Largest action of one step, as JSON (code, stdin and files together)."
+    )
     slots_per_worker: int = Field(
         4, ge=1, le=256, description="Warm one-shot jails per worker: concurrent one-shot executions per worker."
     )
@@ -51,6 +54,9 @@ class PythonRunnerConfig(RunnerConfig):
     max_sessions_per_worker: int = Field(256, ge=1, description="Live Python sessions per worker; more is a 429.")
     memory_mb: int = Field(512, ge=16, description="Memory cap (cgroup) of one sandbox: a one-shot slot or a session.")
     pids_max: int = Field(64, ge=4, description="Process/thread cap (cgroup pids) of one sandbox.")
+    cpu_cores: float = Field(
+        1.0, gt=0, le=64, description="CPU quota (cgroup cpu) of one sandbox, in cores: a one-shot slot or a session."
+    )
     tmpfs_mb: int = Field(
         64, ge=1, description="Size of the private writable /tmp (the workdir) of each execution or session."
     )

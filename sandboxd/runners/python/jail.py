@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import shlex
 import signal
 import socket
@@ -90,7 +91,7 @@ def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str =
         MountPt(dst="/dev", fstype="tmpfs", rw=True, is_dir=True, options="size=64k,mode=0755", nosuid=True),
         MountPt(dst="/dev/shm", fstype="tmpfs", rw=True, is_dir=True, options="size=1m", nosuid=True, nodev=True),
     ]
-    for dev in ("null", "zero", "urandom", "random"):
+    for dev in ("null", "zero", "full", "urandom", "random"):
         mounts.append(MountPt(src=f"/dev/{dev}", dst=f"/dev/{dev}", is_bind=True, rw=True, is_dir=False))
     for link in ("bin", "lib", "lib64", "sbin"):
         target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
@@ -152,6 +153,14 @@ class Executor:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError, OSError):
             signal.pidfd_send_signal(self.pidfd, sig)
+
+    def alive(self) -> bool:
+        """Still running: judged by its pidfd (readable once the process exited), never by a pid number."""
+        if self.pidfd < 0 or self.exit.done():
+            return False
+        poller = select.poll()
+        poller.register(self.pidfd, select.POLLIN)
+        return not poller.poll(0)
 
     def close(self) -> None:
         """Kill (a no-op once it has exited) and release every descriptor."""
@@ -451,7 +460,9 @@ async def run_step(
     step_exit: dict[str, Any] | None = None
     try:
         await loop.sock_sendall(ex.sock, wire.encode(header, body))
-        waiter: asyncio.Future[Any] = asyncio.ensure_future(recv_frame(ex.sock)) if session else done
+        # One-shot: the program is done when its executor (init of its pid namespace) exits, not when
+        # its pipes close: a program that closes stdout and stderr and sleeps is still running.
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(recv_frame(ex.sock)) if session else ex.exit
         deadline = loop.time() + timeout_s
         interrupted = False
         while True:
@@ -478,8 +489,9 @@ async def run_step(
         if session and step_exit is None and not ex.exit.done():
             await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)
         if not session:
-            await asyncio.wait({done}, timeout=SANDBOX_READY_TIMEOUT_S)
             await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)  # the zygote's report
+            # Everything in its pid namespace died with it, so the pipes close at once.
+            await asyncio.wait({done}, timeout=SANDBOX_READY_TIMEOUT_S)
         if session and not waiter.done():
             waiter.cancel()
     finally:

@@ -6,6 +6,10 @@ import posixpath
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+MAX_FILES = 1000  # entries in `files`; each one is a file the sandbox must create
+MAX_NAME_BYTES = 255  # one path component (NAME_MAX)
+MAX_PATH_BYTES = 1024
+
 
 class PythonAction(BaseModel):
     """Run ``code`` as a Python program (one-shot) or as the next cell of a session."""
@@ -16,16 +20,24 @@ class PythonAction(BaseModel):
     stdin: str = Field("", description="Standard input of the program.")
     files: dict[str, str] = Field(
         default_factory=dict,
-        description="Files written into the working directory before the code runs: relative path -> UTF-8 content.",
+        max_length=MAX_FILES,
+        description="Files written into the working directory before the code runs: relative path -> UTF-8 content "
+        f"(at most {MAX_FILES}; names of at most {MAX_NAME_BYTES} bytes per component, {MAX_PATH_BYTES} in all).",
     )
 
     @field_validator("files")
     @classmethod
     def _relative_paths(cls, files: dict[str, str]) -> dict[str, str]:
+        """Anything the sandbox could not create is the client's error here, never the program's or ours."""
         for path in files:
             norm = posixpath.normpath(path)
             if not path or path.startswith("/") or norm.startswith("..") or "\x00" in path or norm == ".":
                 raise ValueError(f"file path must be relative and stay inside the workdir: {path!r}")
+            if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+                raise ValueError(f"file path longer than {MAX_PATH_BYTES} bytes: {path[:40]!r}...")
+            long = [p for p in norm.split("/") if len(p.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES]
+            if long:
+                raise ValueError(f"file name component longer than {MAX_NAME_BYTES} bytes: {long[0][:40]!r}...")
         return files
 
 

@@ -71,6 +71,8 @@ class PythonRunner:
         self.sessions: dict[str, Session] = {}
         self.root: CgroupRoot | None = None
         self._cold = asyncio.Semaphore(cfg.slots_per_worker)  # warm_pool=False: concurrent cold starts
+        self._restart_locks: dict[str, asyncio.Lock] = {}
+        self._healer: asyncio.Task[None] | None = None
         self._cold_seq = 0
         self.stats: dict[str, int] = {
             "sandbox_starts": 0,
@@ -93,6 +95,7 @@ class PythonRunner:
         for i in range(self.cfg.slots_per_worker if self.cfg.warm_pool else 0):
             cg = self.root.slot(f"slot{i}")
             cg.set_limits(mem + (32 << 20), self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
+            cg.set_cpu(self.cfg.cpu_cores)
             jail = Jail(f"slot{i}", "oneshot", self.cfg, cg, self.runtime_dir)
             slot = Slot(jail, cg, memory_bytes=mem + (32 << 20))
             self.slots.append(slot)
@@ -146,14 +149,47 @@ class PythonRunner:
             await asyncio.to_thread(self.root.group.remove)
 
     async def health(self) -> dict[str, Any]:
+        alive = sum(s.jail.alive for s in self.slots) + sum(j.alive for j, _, _ in self.session_jails)
+        total = len(self.slots) + len(self.session_jails)
+        if alive < total and (self._healer is None or self._healer.done()):
+            self._healer = asyncio.create_task(self._heal())
         return {
             "capacity": self.capacity(),
             "free_slots": self.free.qsize() if self.cfg.warm_pool else self._cold._value,
             "sessions": len(self.sessions),
-            "jails_alive": sum(s.jail.alive for s in self.slots) + sum(j.alive for j, _, _ in self.session_jails),
-            "jails_total": len(self.slots) + len(self.session_jails),
+            "jails_alive": alive,
+            "jails_total": total,
+            "ready": alive == total,
             **self.stats,
         }
+
+    async def _heal(self) -> None:
+        """Restart dead jails before a step lands on them (health checks call this; /readyz says 503 meanwhile).
+
+        Idle slots are taken out of the free queue while their jail restarts; busy ones are left to
+        ``_take_executor``. Session jails restart in place (their sessions are already lost).
+        """
+        for _ in range(self.free.qsize()):
+            slot = self.free.get_nowait()
+            try:
+                if not slot.jail.alive:
+                    if slot.next_executor is not None:
+                        slot.next_executor.cancel()
+                        slot.next_executor = None
+                    with contextlib.suppress(SandboxSetupError, OSError, wire.WireError):
+                        await slot.jail.stop()
+                        await self._ensure_jail(slot.jail)
+                        slot.next_executor = asyncio.create_task(self._spawn(slot.jail))
+            finally:
+                self.free.put_nowait(slot)
+        for jail, _, warm in self.session_jails:
+            if not jail.alive:
+                with contextlib.suppress(SandboxSetupError, OSError, wire.WireError):
+                    await self._ensure_jail(jail)
+                    while not warm.empty():
+                        warm.get_nowait().cancel()
+                    for _ in range(self.cfg.warm_sessions_per_jail):
+                        warm.put_nowait(asyncio.create_task(self._spawn(jail)))
 
     # ------------------------------------------------------------------ steps
 
@@ -197,6 +233,7 @@ class PythonRunner:
         jail = Jail(name, "oneshot", self.cfg, cg, self.runtime_dir)
         try:
             cg.set_limits(self._slot_memory(limits), self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
+            cg.set_cpu(self.cfg.cpu_cores)
             await jail.start()
             self.stats["jail_starts"] += 1
             return await self._run_in(jail, cg, await self._spawn(jail), header, body, limits)
@@ -210,14 +247,17 @@ class PythonRunner:
         try:
             if task is None:
                 raise SandboxSetupError("no executor was being prepared")
-            return await task
+            executor = await task
+            if executor.alive() and slot.jail.alive:
+                return executor
+            executor.close()
+            log.warning("slot %s: its prepared executor died; restarting the jail", slot.jail.name)
         except (SandboxSetupError, OSError, wire.WireError) as exc:
             # The jail is broken (zygote killed, cgroup gone...): replace it once.
             log.warning("slot %s: %s; restarting its jail", slot.jail.name, exc)
-            await slot.jail.stop()
-            await slot.jail.start()
-            self.stats["jail_starts"] += 1
-            return await self._spawn(slot.jail)
+        await slot.jail.stop()
+        await self._ensure_jail(slot.jail)
+        return await self._spawn(slot.jail)
 
     def _slot_memory(self, limits: StepLimits) -> int:
         """The slot's cgroup cap: the step's memory plus room for the zygote and the next executor."""
@@ -303,25 +343,44 @@ class PythonRunner:
             return
         refuse_at_session_cap("python", len(self.sessions), self.cfg.max_sessions_per_worker, session_id)
         jail, host, warm = max(self.session_jails, key=lambda j: j[2].qsize())
-        task = warm.get_nowait() if not warm.empty() else asyncio.create_task(self._spawn(jail))
-        warm.put_nowait(asyncio.create_task(self._spawn(jail)))
-        try:
-            executor = await task
-        except (SandboxSetupError, OSError, wire.WireError):
-            if not jail.alive:
-                await jail.stop()
-                await jail.start()
-                self.stats["jail_starts"] += 1
-            executor = await self._spawn(jail)
+        executor = await self._warm_executor(jail, warm)
         cg = host.child(f"s-{session_id}")
         try:
             cg.set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
+            cg.set_cpu(self.cfg.cpu_cores)
+            cg.move_charges_on_join()
+            if not executor.alive():  # never write a dead executor's pid number: it may be someone else's now
+                raise SandboxSetupError(f"session sandbox in {jail.name} died before it was placed")
             cg.add(executor.host_pid)
         except SandboxSetupError:
             executor.close()
             await asyncio.to_thread(cg.remove)
             raise
         self.sessions[session_id] = Session(session_id, executor, cg, jail)
+
+    async def _warm_executor(self, jail: Jail, warm: asyncio.Queue[asyncio.Task[Executor]]) -> Executor:
+        """A live pre-forked executor of ``jail``; dead ones (their jail died) are dropped, not handed out."""
+        while not warm.empty():
+            task = warm.get_nowait()
+            warm.put_nowait(asyncio.create_task(self._spawn(jail)))
+            try:
+                executor = await task
+            except (SandboxSetupError, OSError, wire.WireError):
+                break
+            if executor.alive() and jail.alive:
+                return executor
+            executor.close()
+            break
+        await self._ensure_jail(jail)
+        return await self._spawn(jail)
+
+    async def _ensure_jail(self, jail: Jail) -> None:
+        """Restart a dead jail once, however many requests find it dead at the same time."""
+        async with self._restart_locks.setdefault(jail.name, asyncio.Lock()):
+            if not jail.alive:
+                await jail.stop()
+                await jail.start()
+                self.stats["jail_starts"] += 1
 
     async def _session_step(
         self, session_id: str, header: dict[str, Any], body: bytes, limits: StepLimits

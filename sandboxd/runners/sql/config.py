@@ -23,3 +23,9 @@ class SQLRunnerConfig(RunnerConfig):
     )
     memory_mb: int = Field(1024, ge=64, description="DuckDB memory limit per worker.")
     max_rows: int = Field(1000, ge=1, description="Rows returned per statement at most; the result says truncated.")
+    max_result_bytes: int = Field(
+        4 << 20, ge=1024, description="Bytes of result rows (as JSON) returned per statement at most; truncated past."
+    )
+    temp_mb: int = Field(
+        512, ge=0, description="Disk DuckDB may spill to per worker (its own private directory); 0 = no spilling."
+    )

@@ -12,6 +12,7 @@ GIL) and are interrupted at their timeout; results are capped in rows.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import datetime
 import decimal
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import orjson
 
 from sandboxd.errors import SandboxSetupError, UnknownSession
 from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
@@ -38,9 +40,19 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+INTERRUPT_GRACE_S = 5.0  # how long an interrupted statement may take to stop before it counts as stuck
+
+
 class SQLRunner:
     def __init__(self, cfg: SQLRunnerConfig, ctx: RunnerContext) -> None:
         self.cfg = cfg
+        # Private to this worker: spilled blocks of one worker's statements are never another's.
+        self.temp_dir = ctx.runtime_dir / ctx.name / "duckdb-tmp"
+        # Statements run on threads of their own, so one that ignores its interrupt cannot starve the
+        # worker's other blocking work (cgroup clean-up runs on the default pool).
+        self.pool = concurrent.futures.ThreadPoolExecutor(cfg.slots_per_worker + 16, thread_name_prefix="duckdb")
+        self.stuck = 0  # statements that ignored their interrupt and still run
+        self._stuck_cons: set[int] = set()
         self.db: duckdb.DuckDBPyConnection | None = None
         self.queries: list[str] = []
         self.sessions: dict[str, duckdb.DuckDBPyConnection] = {}
@@ -63,6 +75,8 @@ class SQLRunner:
                     "autoinstall_known_extensions": False,
                     "threads": self.cfg.threads,
                     "memory_limit": f"{self.cfg.memory_mb}MB",
+                    "temp_directory": str(self.temp_dir),
+                    "max_temp_directory_size": f"{self.cfg.temp_mb}MB",
                 },
             )
             self.db.execute("SET lock_configuration = true")
@@ -82,7 +96,7 @@ class SQLRunner:
             try:
                 return await self._run(con, sql, max_rows, limits.timeout_s, act.tpch)
             finally:
-                con.close()
+                self._close(con)
         mine = self.sessions.get(session_id)
         if mine is None:
             raise UnknownSession(f"no sql session {session_id}", session_id=session_id)
@@ -101,28 +115,32 @@ class SQLRunner:
             return cols, rows
 
         t0 = time.perf_counter()
-        task = asyncio.ensure_future(asyncio.to_thread(work))
+        task = asyncio.get_running_loop().run_in_executor(self.pool, work)
         timed_out = False
         try:
             cols, rows = await asyncio.wait_for(asyncio.shield(task), timeout_s)
             error = None
         except TimeoutError:
             timed_out = True
-            con.interrupt()  # really stops the statement; the thread then returns
+            con.interrupt()  # stops most statements; the thread then returns
             # the interrupt surfaces as an exception in the thread: wait for it, whatever it is
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, 5.0)
+                await asyncio.wait_for(asyncio.shield(task), INTERRUPT_GRACE_S)
+            if not task.done():  # a function that ignores interrupts: never wait for it on the loop
+                self.stuck += 1
+                self._stuck_cons.add(id(con))
+                task.add_done_callback(lambda _: self._unstuck(con))
             cols, rows, error = [], [], f"statement interrupted at its {timeout_s:g}s timeout"
             self.interrupted += 1
         except duckdb.Error as exc:
             cols, rows, error = [], [], f"{type(exc).__name__}: {exc}"
         elapsed = (time.perf_counter() - t0) * 1000
-        truncated = len(rows) > max_rows
+        kept, truncated = self._capped([[_jsonable(v) for v in r] for r in rows[:max_rows]])
         obs = SQLObservation(
             columns=cols,
-            rows=[[_jsonable(v) for v in r] for r in rows[:max_rows]],
-            row_count=min(len(rows), max_rows),
-            truncated=truncated,
+            rows=kept,
+            row_count=len(kept),
+            truncated=truncated or len(rows) > max_rows,
             timed_out=timed_out,
             error=error,
             elapsed_ms=round(elapsed, 3),
@@ -136,6 +154,26 @@ class SQLRunner:
             failure = None
         return StepOutcome(obs, failure=failure)
 
+    def _unstuck(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.stuck -= 1
+        self._stuck_cons.discard(id(con))
+
+    def _close(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Close a connection; one whose statement is stuck is closed off the event loop (it blocks)."""
+        if id(con) in self._stuck_cons:
+            self.pool.submit(con.close)
+        else:
+            con.close()
+
+    def _capped(self, rows: list[list[Any]]) -> tuple[list[list[Any]], bool]:
+        """Rows up to ``max_result_bytes`` of JSON: a few huge values must not reach the client."""
+        size = 0
+        for i, row in enumerate(rows):
+            size += len(orjson.dumps(row, default=str))
+            if size > self.cfg.max_result_bytes:
+                return rows[:i], True
+        return rows, False
+
     async def open_session(self, session_id: str, options: dict[str, Any]) -> None:
         if session_id not in self.sessions:
             refuse_at_session_cap("sql", len(self.sessions), self.cfg.max_sessions_per_worker, session_id)
@@ -146,7 +184,7 @@ class SQLRunner:
         con = self.sessions.pop(session_id, None)
         self.busy.pop(session_id, None)
         if con is not None:
-            con.close()
+            self._close(con)
 
     async def health(self) -> dict[str, Any]:
         return {
@@ -154,11 +192,14 @@ class SQLRunner:
             "sessions": len(self.sessions),
             "statements": self.statements,
             "interrupted": self.interrupted,
+            "stuck_statements": self.stuck,
         }
 
     async def close(self) -> None:
         for sid in list(self.sessions):
             await self.close_session(sid)
         if self.db is not None:
-            self.db.close()
-            self.db = None
+            db, self.db = self.db, None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self.pool, db.close), 5.0)
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -42,6 +42,10 @@ CLONE_NAMESPACE_FLAGS = (
     0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x00000080
 )
 
+# AF_VSOCK (40) talks to the hypervisor and other VMs whatever the network namespace;
+# AF_KEY (15) and AF_ALG (38) are kernel attack surface no program of ours needs.
+DENIED_FAMILIES = (40, 15, 38)
+
 DENIED = [
     "mount",
     "umount2",
@@ -143,6 +147,8 @@ _X86_64 = (
         "io_uring_register": 427,
         "clone": 56,
         "clone3": 435,
+        "socket": 41,
+        "socketpair": 53,
     },
 )
 _AARCH64 = (
@@ -194,6 +200,8 @@ _AARCH64 = (
         "io_uring_register": 427,
         "clone": 220,
         "clone3": 435,
+        "socket": 198,
+        "socketpair": 199,
     },
 )
 _TABLES = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}
@@ -221,6 +229,12 @@ def build_filter(machine: str | None = None) -> bytes:
         if nr is not None:
             prog += [_insn(_JEQ_K, 0, 1, nr), _insn(_RET_K, 0, 0, eperm)]
     prog += [_insn(_JEQ_K, 0, 1, table["clone3"]), _insn(_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS)]
+    # socket/socketpair: refuse address families that reach past the jail's network namespace.
+    for call in ("socket", "socketpair"):
+        prog += [_insn(_JEQ_K, 0, 2 * len(DENIED_FAMILIES) + 2, table[call]), _insn(_LD_W_ABS, 0, 0, _OFF_ARG0_LO)]
+        for family in DENIED_FAMILIES:
+            prog += [_insn(_JEQ_K, 0, 1, family), _insn(_RET_K, 0, 0, _RET_ERRNO | errno.EAFNOSUPPORT)]
+        prog += [_insn(_RET_K, 0, 0, _RET_ALLOW)]
     # clone: load flags (args[0]), refuse namespace flags, allow the rest.
     prog += [
         _insn(_JEQ_K, 0, 4, table["clone"]),

@@ -4,8 +4,10 @@ Process tree inside a jail, and why it is this shape::
 
     zygote (pid 1 of the jail)       warm interpreter; never reads request data
       └─ executor (one per execution or session), made by ONE clone():
-             new user + mount + pid namespace (it is pid 1 there), fresh tmpfs
-             /tmp and /dev/shm, fresh /proc, no capabilities, seccomp, rlimits
+             new mount + pid + IPC namespaces (it is pid 1 there; sessions also
+             get a network namespace of their own), a fresh tmpfs /tmp, a fresh
+             read-only /dev with only null/zero/full/random/urandom and a fresh
+             /dev/shm, fresh /proc, no capabilities, seccomp, rlimits
 
 * One clone per execution, nothing else on the request path: the executor is
   created, namespaced and locked down before its request arrives. A clone of
@@ -71,8 +73,22 @@ PRELOAD = [
 ]
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = (
+    1,
+    2,
+    4,
+    8,
+    32,
+    4096,
+    8192,
+    16384,
+    1 << 18,
+)
+DEVICES = ("null", "zero", "full", "random", "urandom")
+SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 
 JAIL_UID = 65534
@@ -101,9 +117,20 @@ def _mount(src: str, dst: str, fstype: str, flags: int, data: str = "") -> None:
     )
 
 
-def _clone_namespaced() -> int:
-    """fork() into new mount and pid namespaces in one system call."""
-    flags = CLONE_NEWNS | CLONE_NEWPID | signal.SIGCHLD
+def _clone_namespaced(session: bool) -> int:
+    """fork() into new mount, pid and IPC namespaces (and network, for a session) in one system call.
+
+    IPC per execution: SysV shared memory, queues and semaphores die with the
+    execution, so nothing passes to the next one and nothing stays charged to
+    the slot. A network namespace per session: sessions of one jail run side
+    by side, and one must not reach another's sockets (one-shots of a slot
+    run one at a time and everything they start dies with their pid
+    namespace, so they share the slot's: a network namespace costs a
+    kernel-wide lock, ~0.5 ms, not worth paying per execution).
+    """
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | signal.SIGCHLD
+    if session:
+        flags |= CLONE_NEWNET
     _before_fork()
     pid = _libc.syscall(SYS_CLONE[os.uname().machine], ctypes.c_ulong(flags), 0, 0, 0, 0)
     if pid == 0:
@@ -155,7 +182,7 @@ def zygote_main(mode: str, tmpfs_bytes: int) -> None:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             try:
-                pid = _clone_namespaced()
+                pid = _clone_namespaced(mode == "session")
             except OSError as exc:
                 for fd in (out_r, out_w, err_r, err_w):
                     os.close(fd)
@@ -222,11 +249,44 @@ def _reap(ctl: socket.socket, ids: dict[int, int]) -> None:
 # ------------------------------------------------------------------------- executor
 
 
-def _setup_namespaces(tmpfs_bytes: int) -> None:
+def _private_dev() -> None:
+    """A /dev of this execution's own: the five harmless devices, read-only, a fresh /dev/shm.
+
+    Built on a scratch tmpfs, remounted read-only and moved over /dev, so no
+    execution can plant a file or replace /dev/stdout for a later one.
+    """
+    scratch = WORKDIR + "/.dev"
+    os.mkdir(scratch, 0o755)
+    _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    for name in DEVICES:
+        open(f"{scratch}/{name}", "w").close()
+        _mount(f"/dev/{name}", f"{scratch}/{name}", "", MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1")):
+        os.symlink(target, f"{scratch}/{name}")
+    os.symlink("/proc/self/fd/2", f"{scratch}/stderr")
+    os.mkdir(f"{scratch}/shm", 0o1777)
+    _mount("none", scratch, "", MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+    _mount(scratch, "/dev", "", MS_MOVE)
+    os.rmdir(scratch)
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
+
+
+def _loopback_up() -> None:
+    """A new network namespace starts with ``lo`` down; programs expect 127.0.0.1 to work."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
+
+
+def _setup_namespaces(tmpfs_bytes: int, session: bool) -> None:
     # Mounts made here stay here: the zygote made its whole tree private at start.
     _mount("tmpfs", WORKDIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=0700")
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
+    _private_dev()
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if session:
+        _loopback_up()
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")  # under memory pressure, the program dies first
     _libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no /proc/1/mem for its descendants
@@ -236,7 +296,7 @@ def executor_main(
     sock: socket.socket, out_w: int, err_w: int, filter_program: bytes, mode: str, tmpfs_bytes: int
 ) -> int:
     try:
-        _setup_namespaces(tmpfs_bytes)
+        _setup_namespaces(tmpfs_bytes, mode == "session")
         os.chdir(WORKDIR)
         seccomp.drop_capabilities()
         seccomp.install(filter_program)

@@ -1,0 +1,44 @@
+"""API keys: each key is a tenant; sessions, idempotency keys and quotas belong to it.
+
+Keys are compared by their SHA-256 (a dict lookup, no early-exit string
+compare on the secret), and only a short hash of the key ever names the
+tenant in records, logs and metrics: a key is never stored or printed.
+Without keys (the embedded default, loopback only) every client is the one
+tenant ``anonymous``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from fastapi import Request
+
+from sandboxd.config import NodeSettings
+from sandboxd.errors import Unauthorized
+
+ANONYMOUS = "anonymous"
+
+
+def tenant_of_key(key: str) -> str:
+    return "t_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+class Auth:
+    def __init__(self, settings: NodeSettings) -> None:
+        self.tenants = {hashlib.sha256(k.encode()).digest(): tenant_of_key(k) for k in settings.all_api_keys()}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tenants)
+
+    def __call__(self, request: Request) -> str:
+        """The tenant of this request (a FastAPI dependency); ``Unauthorized`` (401) otherwise."""
+        if not self.tenants:
+            return ANONYMOUS
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized("this node needs an API key: send 'Authorization: Bearer <key>'")
+        tenant = self.tenants.get(hashlib.sha256(token.strip().encode()).digest())
+        if tenant is None:
+            raise Unauthorized("unknown API key")
+        return tenant
