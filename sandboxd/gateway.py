@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import time
 from collections import Counter
@@ -136,7 +137,13 @@ class Gateway:
             w.alive and all(h.get("ready", True) for h in (w.health.get("runners") or {}).values())
             for w in self.supervisor.workers
         )
-        body = {"ready": ok, "node_id": self.node_id, "workers": workers, "sessions": await self.sessions.count()}
+        body = {
+            "ready": ok,
+            "node_id": self.node_id,
+            "pid": os.getpid(),
+            "workers": workers,
+            "sessions": await self.sessions.count(),
+        }
         return ok, body
 
     def kind(self, name: str) -> RunnerKind:

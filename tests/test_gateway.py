@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -122,3 +124,16 @@ async def test_program_timeout_is_the_programs_failure(http: httpx.AsyncClient) 
     r = await http.post("/rollout/step", json=fake({"sleep_s": 5}, timeout_s=0.2))
     assert r.status_code == 200
     assert r.json()["error"]["blame"] == "program" and r.json()["error"]["code"] == "program_timeout"
+
+
+async def test_sigterm_to_every_process_drains_running_steps() -> None:
+    """What systemd or Ctrl-C does (SIGTERM to the gateway and each worker): running steps still finish."""
+    with running_node(runners='["fake"]', workers=1, shutdown_grace_s=10) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as c:
+            ready = (await c.get("/readyz")).json()
+            step = asyncio.ensure_future(c.post("/rollout/step", json=fake({"sleep_s": 1.5, "echo": "finished"})))
+            await asyncio.sleep(0.5)
+            for pid in [ready["pid"], *(w["pid"] for w in ready["workers"])]:
+                os.kill(pid, signal.SIGTERM)
+            r = await step
+            assert r.status_code == 200 and r.json()["observation"]["echo"] == "finished", r.text

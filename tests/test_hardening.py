@@ -371,3 +371,71 @@ def test_no_host_path_of_ours_is_left_world_readable() -> None:
     finally:
         for d in (a, b):
             Path(d).rmdir()
+
+
+FORGE = (
+    "import os, stat, struct\n"
+    "def is_socket(fd):\n"
+    "    try:\n"
+    "        return stat.S_ISSOCK(os.fstat(fd).st_mode)\n"
+    "    except OSError:\n"
+    "        return False\n"
+    "fds = [int(f) for f in os.listdir('/proc/self/fd') if is_socket(int(f))]\n"
+    "for fd in fds:\n"
+    "    os.write(fd, {frame})\n"
+)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        "struct.pack('!II', 64, 200 << 20) + b'x' * 64",  # announces a 200 MiB body
+        'struct.pack(\'!II\', 31, 0) + b\'{"op":"done","exit_code":"0"}\'',  # a forged, malformed reply
+    ],
+    ids=["huge-frame", "forged-reply"],
+)
+async def test_a_session_program_writing_to_its_channel_ends_only_its_session(
+    http: httpx.AsyncClient, frame: str
+) -> None:
+    bad, good = await session(http), await session(http)
+    try:
+        await py(http, "kept = 5", session_id=good)
+        r = await py(http, FORGE.format(frame=frame), session_id=bad)
+        assert r["http"] == 200 and r["error"]["blame"] == "program", r
+        assert r["observation"]["killed_by"] == "protocol" and r["observation"]["session_alive"] is False, r
+        gone = await py(http, "print(1)", session_id=bad)
+        assert gone["http"] == 404 and gone["error"]["blame"] == "client"
+        assert (await py(http, "print(kept)", session_id=good))["observation"]["stdout"] == "5\n"
+        assert (await http.get("/readyz")).status_code == 200
+    finally:
+        await http.delete(f"/sessions/{good}")
+
+
+def _cgroup_usage(node_id: str, pid: int, rel: str) -> int:
+    root = Path("/sys/fs/cgroup/memory")
+    (group,) = [p for p in root.glob(f"**/{node_id}-{pid}-w0") if p.is_dir()]
+    return int((group / rel / "memory.usage_in_bytes").read_text())
+
+
+async def test_sessions_leave_nothing_charged_to_the_jail_or_its_host(http: httpx.AsyncClient) -> None:
+    if not Path("/sys/fs/cgroup/memory").is_dir():
+        pytest.skip("cgroup v1 memory accounting is what this reads")
+    ready = (await http.get("/readyz")).json()
+
+    def usage(rel: str) -> int:
+        return _cgroup_usage(ready["node_id"], ready["pid"], rel)
+
+    zygote, host = usage("sessions0/zygote"), usage("sessions0")
+    sids = [await session(http) for _ in range(3)]
+    for sid in sids:  # each session fills 40 MB of its /tmp and a 20 MB SysV segment, then is deleted
+        code = (
+            "import ctypes\nopen('/tmp/blob', 'wb').write(b'x' * (40 << 20))\n"
+            "libc = ctypes.CDLL(None); sid = libc.shmget(0x51, 20 << 20, 0o1666)\n"
+            "libc.shmat.restype = ctypes.c_void_p; addr = libc.shmat(sid, None, 0); ctypes.memset(addr, 1, 20 << 20)"
+        )
+        assert (await py(http, code, session_id=sid))["ok"]
+    for sid in sids:
+        await http.delete(f"/sessions/{sid}")
+    await asyncio.sleep(0.5)
+    assert usage("sessions0/zygote") - zygote < 8 << 20  # executors' pages went with them to their own groups
+    assert usage("sessions0") - host < 16 << 20  # 180 MB of tmpfs and shm died with the sessions

@@ -98,3 +98,32 @@ class SessionInfo(BaseModel):
     expires_in_s: float
     idle_expires_in_s: float
     steps: int
+
+
+class ErrorBody(BaseModel):
+    """Every error of the native surface, whatever its status: the shape of a failed step result."""
+
+    ok: Literal[False] = False
+    status: int
+    error: ErrorInfo
+
+
+STEP_STATUSES = {
+    401: "no API key, or an unknown one (client)",
+    404: "unknown session, or another tenant's (client)",
+    408: "the request body stalled (client)",
+    409: "a step is already running in that session (client)",
+    410: "the session's sandbox was lost (infra)",
+    413: "request, action, code, stdin or files over the node's cap (client)",
+    422: "invalid request or action; the message names each field (client)",
+    429: "saturated: queue, session cap or tenant quota full; Retry-After (infra)",
+    500: "a bug of sandboxd's (infra)",
+    502: "the worker running the step died (infra)",
+    503: "sandbox set-up failed, or the node is draining or at max_connections (infra)",
+    504: "waited in the queue past the deadline (infra)",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the error statuses a route can answer, each with the one error body."""
+    return {s: {"model": ErrorBody, "description": STEP_STATUSES[s]} for s in statuses}

@@ -11,9 +11,20 @@ from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
 from sandboxd.api.auth import Auth
-from sandboxd.api.models import BatchRequest, BatchResult, SessionCreate, SessionInfo, StepRequest, StepResult
+from sandboxd.api.models import (
+    BatchRequest,
+    BatchResult,
+    SessionCreate,
+    SessionInfo,
+    StepRequest,
+    StepResult,
+    error_responses,
+)
 from sandboxd.api.surface import json_response, native_error, retry_headers, surface_router
 from sandboxd.gateway import Gateway
+
+# Every route can answer these: auth, body limits, validation, and our own bugs.
+COMMON = (401, 408, 413, 422, 500)
 
 
 def router(gateway: Gateway, auth: Auth) -> APIRouter:
@@ -23,7 +34,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     @api.post(
         "/rollout/step",
         response_model=StepResult,
-        responses={429: {"model": StepResult}, 504: {"model": StepResult}},
+        responses=error_responses(*COMMON, 404, 409, 410, 429, 502, 503, 504),
         tags=["rollout"],
     )
     async def rollout_step(req: StepRequest, tenant: Tenant) -> Response:
@@ -32,33 +43,44 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         retry = result.error.retry_after_s if result.error else None
         return json_response(result.model_dump(), result.status, retry_headers(retry))
 
-    @api.post("/rollout/steps", response_model=BatchResult, tags=["rollout"])
+    @api.post("/rollout/steps", response_model=BatchResult, responses=error_responses(*COMMON), tags=["rollout"])
     async def rollout_steps(req: BatchRequest, tenant: Tenant) -> Response:
         """Run a batch of steps concurrently; results in request order, each with its own status."""
         results = await gateway.batch(req.steps, tenant)
         return json_response({"results": [r.model_dump() for r in results]})
 
-    @api.post("/sessions", response_model=SessionInfo, status_code=201, tags=["sessions"])
+    @api.post(
+        "/sessions",
+        response_model=SessionInfo,
+        status_code=201,
+        responses=error_responses(*COMMON, 429, 502, 503),
+        tags=["sessions"],
+    )
     async def create_session(req: SessionCreate, tenant: Tenant) -> Response:
         """Create a session pinned to one worker; its state persists across steps until closed or reaped."""
         info = await gateway.create_session(req, tenant)
         return json_response(info.model_dump(), 201)
 
-    @api.get("/sessions/{session_id}", response_model=SessionInfo, tags=["sessions"])
+    @api.get(
+        "/sessions/{session_id}",
+        response_model=SessionInfo,
+        responses=error_responses(*COMMON, 404, 410),
+        tags=["sessions"],
+    )
     async def get_session(session_id: str, tenant: Tenant) -> Response:
         return json_response((await gateway.session_info(session_id, tenant)).model_dump())
 
-    @api.delete("/sessions/{session_id}", status_code=204, tags=["sessions"])
+    @api.delete("/sessions/{session_id}", status_code=204, responses=error_responses(*COMMON, 404), tags=["sessions"])
     async def delete_session(session_id: str, tenant: Tenant) -> Response:
         await gateway.close_session(session_id, tenant)
         return Response(status_code=204)
 
-    @api.get("/runners", tags=["runners"])
+    @api.get("/runners", responses=error_responses(*COMMON), tags=["runners"])
     async def list_runners(_: Tenant) -> Response:
         """Runner kinds enabled on this node."""
         return json_response({"runners": list(gateway.kinds)})
 
-    @api.get("/runners/{kind}", tags=["runners"])
+    @api.get("/runners/{kind}", responses=error_responses(*COMMON), tags=["runners"])
     async def describe_runner(kind: str, _: Tenant) -> Response:
         """A kind's action and observation schemas, and what else the kind says of itself (e.g. tools)."""
         k = gateway.kind(kind)

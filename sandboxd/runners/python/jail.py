@@ -196,7 +196,14 @@ class Output:
         return self.err_total > self.kill_at
 
 
-async def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+# What a session's process may send back after a step: {"op": "done", "exit_code": N}, nothing more.
+# User code runs in that process and can write to the channel: anything larger is a broken sandbox.
+SESSION_REPLY_MAX_HEADER_BYTES = 4096
+
+
+async def recv_frame(
+    sock: socket.socket, max_header: int = wire.MAX_HEADER_BYTES, max_body: int = wire.MAX_BODY_BYTES
+) -> tuple[dict[str, Any], bytes]:
     loop = asyncio.get_running_loop()
     buf = bytearray()
     while len(buf) < wire.PREFIX.size:
@@ -205,13 +212,20 @@ async def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
             raise wire.WireError("sandbox closed its channel")
         buf += chunk
     head_len, body_len = wire.decode_prefix(bytes(buf[: wire.PREFIX.size]))
+    if head_len > max_header or body_len > max_body:
+        raise wire.WireError(f"frame of {head_len}+{body_len} bytes where at most {max_header}+{max_body} fit")
     total = wire.PREFIX.size + head_len + body_len
     while len(buf) < total:
         chunk = await loop.sock_recv(sock, max(65536, total - len(buf)))
         if not chunk:
             raise wire.WireError("sandbox closed its channel")
         buf += chunk
-    header = json.loads(bytes(buf[wire.PREFIX.size : wire.PREFIX.size + head_len]))
+    try:
+        header = json.loads(bytes(buf[wire.PREFIX.size : wire.PREFIX.size + head_len]))
+    except ValueError as exc:
+        raise wire.WireError(f"unreadable frame header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise wire.WireError("frame header is not an object")
     return header, bytes(buf[wire.PREFIX.size + head_len : total])
 
 
@@ -462,7 +476,9 @@ async def run_step(
         await loop.sock_sendall(ex.sock, wire.encode(header, body))
         # One-shot: the program is done when its executor (init of its pid namespace) exits, not when
         # its pipes close: a program that closes stdout and stderr and sleeps is still running.
-        waiter: asyncio.Future[Any] = asyncio.ensure_future(recv_frame(ex.sock)) if session else ex.exit
+        waiter: asyncio.Future[Any] = (
+            asyncio.ensure_future(recv_frame(ex.sock, SESSION_REPLY_MAX_HEADER_BYTES, 0)) if session else ex.exit
+        )
         deadline = loop.time() + timeout_s
         interrupted = False
         while True:
@@ -473,8 +489,16 @@ async def run_step(
             if waiter in finished and (not session or waiter.exception() is None):
                 if session:
                     step_exit = waiter.result()[0]
+                    code = step_exit.get("exit_code")
+                    if step_exit.get("op") != "done" or not isinstance(code, int) or isinstance(code, bool):
+                        step_exit = None  # a cell that wrote its own frames: the program broke its session
+                        killed_by = killed_by or "protocol"
+                        ex.kill()
                 break
             if ex.exit in finished or (session and waiter in finished):
+                if session and not ex.exit.done() and isinstance(waiter.exception(), wire.WireError):
+                    killed_by = killed_by or "protocol"  # garbage on the channel, from the program's own process
+                    ex.kill()
                 break  # the executor died (killed at a limit, or its kernel crashed)
             timed_out = True
             if session and not interrupted:

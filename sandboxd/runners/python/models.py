@@ -48,7 +48,11 @@ class PythonObservation(BaseModel):
     stdout: str = ""
     stderr: str = ""
     timed_out: bool = Field(False, description="Killed at its timeout_s.")
-    killed_by: str | None = Field(None, description="time | memory | output, when a limit killed it.")
+    killed_by: str | None = Field(
+        None,
+        description="time | memory | output, when a limit killed it; protocol when a session's program wrote "
+        "to its control channel (the session ends).",
+    )
     limits_hit: list[str] = Field(default_factory=list, description="Limits it ran into (memory, pids, time, output).")
     signal: int | None = None
     stdout_truncated: bool = False

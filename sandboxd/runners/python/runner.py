@@ -52,6 +52,8 @@ def verdict(obs: PythonObservation) -> ProgramFailure | None:
     """The program's own failure, decided from what was measured outside the sandbox."""
     if obs.timed_out:
         return ProgramFailure("program_timeout", "the program ran past its time limit")
+    if obs.killed_by == "protocol":
+        return ProgramFailure("program_killed", "the program wrote to its session's control channel; session ended")
     if obs.killed_by:
         return ProgramFailure("program_killed", f"the program was killed at its {obs.killed_by} limit")
     if obs.exit_code != 0:

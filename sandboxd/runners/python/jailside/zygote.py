@@ -5,9 +5,10 @@ Process tree inside a jail, and why it is this shape::
     zygote (pid 1 of the jail)       warm interpreter; never reads request data
       └─ executor (one per execution or session), made by ONE clone():
              new mount + pid + IPC namespaces (it is pid 1 there; sessions also
-             get a network namespace of their own), a fresh tmpfs /tmp, a fresh
-             read-only /dev with only null/zero/full/random/urandom and a fresh
-             /dev/shm, fresh /proc, no capabilities, seccomp, rlimits
+             get a network namespace of their own), a fresh tmpfs /tmp and
+             /dev/shm, fresh /proc, no capabilities, seccomp, rlimits; /dev
+             itself was made read-only by the zygote (only null, zero, full,
+             random, urandom and fd links), so nothing can be planted there
 
 * One clone per execution, nothing else on the request path: the executor is
   created, namespaced and locked down before its request arrives. A clone of
@@ -154,6 +155,7 @@ def zygote_main(mode: str, tmpfs_bytes: int) -> None:
     # of its own (uid maps cost ~0.7 ms per execution). Private propagation
     # once here means no executor's mount is ever seen by another.
     _mount("none", "/", "", MS_REC | MS_PRIVATE)
+    _seal_dev()
     filter_program = seccomp.build_filter()
     ctl = socket.socket(fileno=0)
     wake_r, wake_w = os.pipe()
@@ -249,26 +251,22 @@ def _reap(ctl: socket.socket, ids: dict[int, int]) -> None:
 # ------------------------------------------------------------------------- executor
 
 
-def _private_dev() -> None:
-    """A /dev of this execution's own: the five harmless devices, read-only, a fresh /dev/shm.
+def _seal_dev() -> None:
+    """Make the jail's /dev read-only once, before any executor exists: nothing can be planted there.
 
-    Built on a scratch tmpfs, remounted read-only and moved over /dev, so no
-    execution can plant a file or replace /dev/stdout for a later one.
+    It holds only the five harmless devices nsjail bound (null, zero, full, random, urandom) plus the
+    fd links made here. Read-only, it can be shared by every execution; each still gets a fresh
+    /dev/shm of its own (``_setup_namespaces``). Done in the zygote, it costs nothing per execution.
     """
-    scratch = WORKDIR + "/.dev"
-    os.mkdir(scratch, 0o755)
-    _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
-    for name in DEVICES:
-        open(f"{scratch}/{name}", "w").close()
-        _mount(f"/dev/{name}", f"{scratch}/{name}", "", MS_BIND)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1")):
-        os.symlink(target, f"{scratch}/{name}")
-    os.symlink("/proc/self/fd/2", f"{scratch}/stderr")
-    os.mkdir(f"{scratch}/shm", 0o1777)
-    _mount("none", scratch, "", MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
-    _mount(scratch, "/dev", "", MS_MOVE)
-    os.rmdir(scratch)
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
+        if not os.path.lexists(f"/dev/{name}"):
+            os.symlink(target, f"/dev/{name}")
+    if not os.path.lexists("/dev/stderr"):
+        os.symlink("/proc/self/fd/2", "/dev/stderr")
+    for entry in os.listdir("/dev"):
+        if entry not in (*DEVICES, "fd", "stdin", "stdout", "stderr", "shm"):
+            raise OSError(f"unexpected /dev/{entry} in the jail")
+    _mount("none", "/dev", "", MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
 
 
 def _loopback_up() -> None:
@@ -283,7 +281,7 @@ def _loopback_up() -> None:
 def _setup_namespaces(tmpfs_bytes: int, session: bool) -> None:
     # Mounts made here stay here: the zygote made its whole tree private at start.
     _mount("tmpfs", WORKDIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=0700")
-    _private_dev()
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     if session:
         _loopback_up()

@@ -1,0 +1,258 @@
+"""Soak: honest load with hostile steps mixed in, for a bounded time; resources must stay flat.
+
+    .venv/bin/python -m sandboxd.bench.soak [--duration 600] [--report-every 30] [--target URL]
+
+Without --target it starts a node on loopback (all kinds, 2 workers) and stops
+it after. Honest loops run python one-shots and sessions, tools trajectories,
+TPC-H queries, textgame episodes and session churn, and check every answer;
+hostile loops send memory and fork bombs, infinite loops, output floods,
+programs that close stdout and sleep, SysV segments and /dev plants, and
+malformed, oversized and unrepresentable requests, and check that each is
+blamed on the program or the client, never on the infrastructure. Every
+``--report-every`` seconds it prints the node's RSS, open fds, processes,
+cgroups and temp-disk use; at the end, the counts of honest steps that failed
+and hostile steps that were mis-blamed (both must be 0), and the growth of
+each resource after the warm-up. Exit status 1 when either count is not 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sandboxd.localnode import local_node
+
+HOSTILE_PROGRAMS: list[tuple[str, str, dict[str, Any]]] = [
+    ("memory bomb", "b = []\nwhile True:\n    b.append(bytearray(16 << 20))", {}),
+    ("fork bomb", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", {}),
+    ("infinite loop", "while True:\n    pass", {"timeout_s": 1}),
+    ("output flood", "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", {}),
+    ("closes stdout and sleeps", "import os, time\nos.close(1); os.close(2)\ntime.sleep(30)", {"timeout_s": 1}),
+    ("SysV segment left behind", "import ctypes\nprint(ctypes.CDLL(None).shmget(0x50AC, 8 << 20, 0o1666))", {}),
+    ("plants in /dev", "open('/dev/planted', 'w').write('x')", {}),
+    (
+        "threads keep burning",
+        "import threading\nthreading.Thread(target=lambda: [0 for _ in iter(int, 1)]).start()",
+        {},
+    ),
+]
+BAD_REQUESTS: list[tuple[str, bytes]] = [
+    ("lone surrogate", b'{"runner": "python", "action": {"code": "print(1) # \\ud800"}}'),
+    ("unknown runner", b'{"runner": "nope", "action": {}}'),
+    ("malformed JSON", b'{"runner": "python", "action": '),
+    ("huge integer", b'{"runner": "tools", "action": {"tool": "x", "args": {"n": 1' + b"0" * 40 + b"}}}"),
+    ("impossible file name", b'{"runner": "python", "action": {"code": "1", "files": {"' + b"f" * 300 + b'": ""}}}'),
+]
+
+
+@dataclass
+class Tally:
+    honest: int = 0
+    honest_failed: int = 0
+    hostile: int = 0
+    misblamed: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def fail(self, what: str, why: str, honest: bool) -> None:
+        if honest:
+            self.honest_failed += 1
+        else:
+            self.misblamed += 1
+        if len(self.examples) < 10:
+            self.examples.append(f"{what}: {why}")
+
+
+class Soak:
+    def __init__(self, base: str, stop_at: float) -> None:
+        self.base = base
+        self.stop_at = stop_at
+        self.t = Tally()
+
+    async def step(self, c: httpx.AsyncClient, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        r = await c.post("/rollout/step", json=body)
+        data: dict[str, Any] = r.json()
+        return r.status_code, data
+
+    async def honest(self, what: str, ok: Awaitable[str | None]) -> None:
+        self.t.honest += 1
+        try:
+            why = await ok
+        except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        if why:
+            self.t.fail(what, why, honest=True)
+
+    async def python_oneshot(self, c: httpx.AsyncClient, rng: random.Random) -> str | None:
+        n = rng.randrange(1000)
+        status, r = await self.step(c, {"runner": "python", "action": {"code": f"print(sum(range({n})))"}})
+        return None if status == 200 and r["observation"]["stdout"] == f"{sum(range(n))}\n" else f"{status} {r}"
+
+    async def python_session(self, c: httpx.AsyncClient, rng: random.Random) -> str | None:
+        r = await c.post("/sessions", json={"runner": "python"})
+        if r.status_code != 201:
+            return f"create {r.status_code} {r.text[:200]}"
+        sid = r.json()["session_id"]
+        try:
+            v = rng.randrange(10**6)
+            for code, want in ((f"x = {v}", ""), ("x += 1\nprint(x)", f"{v + 1}\n")):
+                status, res = await self.step(c, {"runner": "python", "action": {"code": code}, "session_id": sid})
+                if status != 200 or res["observation"]["stdout"] != want:
+                    return f"{status} {res}"
+        finally:
+            await c.delete(f"/sessions/{sid}")
+        return None
+
+    async def tools(self, c: httpx.AsyncClient, rng: random.Random) -> str | None:
+        r = await c.post("/sessions", json={"runner": "tools"})
+        if r.status_code != 201:
+            return f"create {r.status_code} {r.text[:200]}"
+        sid = r.json()["session_id"]
+        try:
+            body = {"runner": "tools", "action": {"tool": "list_all_product_types", "args": {}}, "session_id": sid}
+            status, res = await self.step(c, body)
+            return None if status == 200 and res["ok"] else f"{status} {res}"
+        finally:
+            await c.delete(f"/sessions/{sid}")
+
+    async def sql(self, c: httpx.AsyncClient, rng: random.Random) -> str | None:
+        status, r = await self.step(c, {"runner": "sql", "action": {"tpch": rng.randint(1, 22)}, "timeout_s": 60})
+        return None if status == 200 and r["ok"] else f"{status} {r.get('error')}"
+
+    async def textgame(self, c: httpx.AsyncClient, rng: random.Random) -> str | None:
+        action = {"op": "episodes", "seed": rng.randrange(2**30), "steps": 40, "batch": 10}
+        status, r = await self.step(c, {"runner": "textgame", "action": action})
+        return None if status == 200 and r["observation"]["episodes"] == 10 else f"{status} {r}"
+
+    async def honest_loop(self, i: int) -> None:
+        rng = random.Random(i)
+        jobs: list[Callable[[httpx.AsyncClient, random.Random], Awaitable[str | None]]] = [
+            self.python_oneshot,
+            self.python_oneshot,
+            self.python_session,
+            self.tools,
+            self.sql,
+            self.textgame,
+        ]
+        async with httpx.AsyncClient(base_url=self.base, timeout=120) as c:
+            while time.monotonic() < self.stop_at:
+                job = rng.choice(jobs)
+                await self.honest(job.__name__, job(c, rng))
+
+    async def hostile_loop(self, i: int) -> None:
+        rng = random.Random(1000 + i)
+        async with httpx.AsyncClient(base_url=self.base, timeout=120) as c:
+            while time.monotonic() < self.stop_at:
+                self.t.hostile += 1
+                if rng.random() < 0.7:
+                    name, code, extra = rng.choice(HOSTILE_PROGRAMS)
+                    session = rng.random() < 0.3
+                    sid = None
+                    if session:
+                        r = await c.post("/sessions", json={"runner": "python"})
+                        sid = r.json()["session_id"] if r.status_code == 201 else None
+                    body: dict[str, Any] = {"runner": "python", "action": {"code": code}, **extra}
+                    if sid:
+                        body["session_id"] = sid
+                    status, res = await self.step(c, body)
+                    blame = (res.get("error") or {}).get("blame")
+                    if status != 200 or blame not in ("program", None):
+                        self.t.fail(name, f"{status} {res.get('error')}", honest=False)
+                    if sid:
+                        await c.delete(f"/sessions/{sid}")
+                else:
+                    name, raw = rng.choice(BAD_REQUESTS)
+                    r = await c.post("/rollout/step", content=raw, headers={"content-type": "application/json"})
+                    if r.status_code >= 500 or r.json().get("error", {}).get("blame") != "client":
+                        self.t.fail(name, f"{r.status_code} {r.text[:200]}", honest=False)
+
+
+def _tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(p.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def sample(gateway_pid: int, marker: str) -> dict[str, float]:
+    pids = _tree(gateway_pid)
+    rss = fds = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1])
+            fds += len(os.listdir(f"/proc/{pid}/fd"))
+    cgroups = sum(1 for _ in Path("/sys/fs/cgroup/memory").glob(f"**/{marker}*/**/")) if marker else 0
+    tmp = shutil.disk_usage(Path("/tmp")).used
+    return {"rss_mb": rss / 1024, "fds": fds, "procs": len(pids), "cgroups": cgroups, "tmp_used_mb": tmp / 2**20}
+
+
+async def run(base: str, duration_s: float, every_s: float, warmup_s: float) -> int:
+    async with httpx.AsyncClient(base_url=base, timeout=30) as c:
+        ready = (await c.get("/readyz")).json()
+    gateway_pid, marker = int(ready["pid"]), f"{ready['node_id']}-{ready['pid']}-w"
+    soak = Soak(base, time.monotonic() + duration_s)
+    loops = [asyncio.create_task(soak.honest_loop(i)) for i in range(6)]
+    loops += [asyncio.create_task(soak.hostile_loop(i)) for i in range(2)]
+    start = time.monotonic()
+    rows: list[tuple[float, dict[str, float]]] = []
+    head = f"{'t_s':>6} {'rss_mb':>8} {'fds':>6} {'procs':>6} {'cgroups':>8} {'tmp_mb':>8}"
+    print(head + " honest(failed) hostile(misblamed)")
+    while time.monotonic() < soak.stop_at:
+        await asyncio.sleep(min(every_s, max(0.0, soak.stop_at - time.monotonic())))
+        s = await asyncio.to_thread(sample, gateway_pid, marker)
+        rows.append((time.monotonic() - start, s))
+        t = soak.t
+        print(
+            f"{rows[-1][0]:6.0f} {s['rss_mb']:8.1f} {s['fds']:6.0f} {s['procs']:6.0f} {s['cgroups']:8.0f} "
+            f"{s['tmp_used_mb']:8.1f} {t.honest}({t.honest_failed}) {t.hostile}({t.misblamed})",
+            flush=True,
+        )
+    await asyncio.gather(*loops)
+    await asyncio.sleep(2)  # let the last sandboxes be reaped
+    final = await asyncio.to_thread(sample, gateway_pid, marker)
+    after_warmup = next((s for at, s in rows if at >= warmup_s), rows[0][1] if rows else final)
+    t = soak.t
+    print(f"\nhonest steps: {t.honest}, failed: {t.honest_failed}; hostile: {t.hostile}, mis-blamed: {t.misblamed}")
+    print("growth after warm-up: " + ", ".join(f"{k} {final[k] - after_warmup[k]:+.1f}" for k in final))
+    for ex in t.examples:
+        print("  " + ex)
+    return 0 if t.honest_failed == 0 and t.misblamed == 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", help="a running node (loopback); default: start one")
+    ap.add_argument("--duration", type=float, default=600.0, help="seconds of load (bounded)")
+    ap.add_argument("--report-every", type=float, default=30.0)
+    ap.add_argument("--warmup", type=float, default=60.0, help="growth is measured from the first report after this")
+    args = ap.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        base = args.target or stack.enter_context(
+            local_node({"SANDBOXD_WORKERS": "2", "SANDBOXD_SQL__SCALE_FACTOR": "0.01"})
+        )
+        return asyncio.run(run(base, args.duration, args.report_every, args.warmup))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
