@@ -300,9 +300,10 @@ class Gateway:
 
     def _failed(self, runner: str, exc: SandboxdError, start: float, session_id: str | None) -> StepResult:
         elapsed = time.monotonic() - start
-        self.metrics.observe_step(runner, f"{exc.blame}_error", elapsed, None, ())
+        label = runner if runner in self.kinds else "unknown"  # a client must not mint metric labels
+        self.metrics.observe_step(label, f"{exc.blame}_error", elapsed, None, ())
         if isinstance(exc, Saturated):
-            self.metrics.rejected.labels(runner, "saturated").inc()
+            self.metrics.rejected.labels(label, "saturated").inc()
         return StepResult(
             ok=False,
             status=exc.status,

@@ -137,3 +137,11 @@ async def test_sigterm_to_every_process_drains_running_steps() -> None:
                 os.kill(pid, signal.SIGTERM)
             r = await step
             assert r.status_code == 200 and r.json()["observation"]["echo"] == "finished", r.text
+
+
+async def test_clients_cannot_mint_metric_labels(http: httpx.AsyncClient) -> None:
+    for name in ("zz-label-1", "zz-label-2"):
+        r = await http.post("/rollout/step", json={"runner": name, "action": {}})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_runner"
+    text = (await http.get("/metrics")).text
+    assert "zz-label" not in text and 'runner="unknown"' in text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
 from sandboxd.api.auth import Auth
 from sandboxd.api.surface import json_response, native_error, surface_router
@@ -20,13 +20,17 @@ def router(gateway: Gateway, auth: Auth, protected: bool) -> APIRouter:
         """The process is up (liveness)."""
         return json_response({"ok": True})
 
-    @api.get("/readyz")
+    @api.get("/readyz", responses={503: {"description": "not ready: a worker is down or a pool is not whole"}})
     async def readyz() -> Response:
         """Every worker is up with its warm pools (readiness); 503 otherwise."""
         ok, body = await gateway.ready()
         return json_response(body, 200 if ok else 503)
 
-    @api.get("/metrics")
+    @api.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}, "description": "Prometheus text format"}},
+    )
     async def metrics() -> Response:
         g = gateway
         if g.scheduler is not None:

@@ -17,6 +17,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from sandboxd.errors import BadRequest, InfraError, SandboxdError
@@ -59,6 +60,10 @@ def surface_router(render: ErrorRenderer, **kwargs: Any) -> APIRouter:
                     return render(exc)
                 except RequestValidationError as exc:
                     return render(request_error(exc))
+                except HTTPException as exc:  # FastAPI's own refusals, e.g. a body that is not UTF-8 JSON
+                    if exc.status_code >= 500:
+                        raise
+                    return render(BadRequest(f"request: {exc.detail}"))
                 except Exception as exc:  # a bug of ours: still one error shape, blamed on us, and logged
                     log.exception("%s %s failed", request.method, request.url.path)
                     return render(InfraError(f"internal error: {type(exc).__name__}"))
