@@ -15,7 +15,8 @@ from sandboxd.config import NodeSettings, build_settings_model
 from sandboxd.registry import BUILTIN
 from sandboxd.runners.base import RunnerKind, import_string
 
-DYNAMIC = {"node_id": "(host name)", "runtime_dir": "(per process)", "runners": "(every kind on by default)"}
+DYNAMIC = {"node_id": "(host name)", "runners": "(every kind on by default)"}
+DYNAMIC_KIND = {("browser", "instances_per_node"): "(1 per 2 vCPUs and 4 GiB)"}
 
 HEADER = """# Configuration
 
@@ -27,21 +28,25 @@ and each kind's `config.py`) by `sandboxd config-docs`; a test keeps it current.
 """
 
 
-def _default(name: str, info: FieldInfo) -> str:
+def _default(name: str, info: FieldInfo, kind: str = "") -> str:
+    if (kind, name) in DYNAMIC_KIND:
+        return DYNAMIC_KIND[(kind, name)]
     if name in DYNAMIC:
         return DYNAMIC[name]
     if info.default is not PydanticUndefined:
         return str(info.default)
+    if info.default_factory is not None:
+        return str(info.default_factory())  # type: ignore[call-arg]
     return "(required)"
 
 
-def _rows(prefix: str, model: type[BaseModel], skip: set[str]) -> list[str]:
+def _rows(prefix: str, model: type[BaseModel], skip: set[str], kind: str = "") -> list[str]:
     rows = []
     for name, info in model.model_fields.items():
         if name in skip:
             continue
         desc = (info.description or "").replace("|", "\\|")
-        rows.append(f"| `{prefix}{name.upper()}` | `{_default(name, info)}` | {desc} |")
+        rows.append(f"| `{prefix}{name.upper()}` | `{_default(name, info, kind)}` | {desc} |")
     return rows
 
 
@@ -52,6 +57,6 @@ def render() -> str:
     lines += _rows("SANDBOXD_", model, skip=set(kinds))
     for name, kind in kinds.items():
         lines += ["", f"## `{name}`: {kind.title}", "", "| variable | default | meaning |", "|---|---|---|"]
-        lines += _rows(f"SANDBOXD_{name.upper()}__", kind.config, skip=set())
+        lines += _rows(f"SANDBOXD_{name.upper()}__", kind.config, skip=set(), kind=name)
     assert issubclass(model, NodeSettings)
     return "\n".join(lines) + "\n"

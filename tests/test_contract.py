@@ -63,6 +63,17 @@ PROBES: dict[str, Probe] = {
         1,
     ),
     "fake": Probe({"set": {"secret": "A"}}, {"get": "secret"}, lambda r: r["observation"]["value"], "A"),
+    "browser": Probe(
+        {
+            "actions": [
+                {"action": "goto", "path": "/"},
+                {"action": "click", "selector": "button.add-to-cart[data-id='3']"},
+            ]
+        },
+        {"actions": [{"action": "goto", "path": "/cart.html"}, {"action": "text", "selector": "#cart-rows"}]},
+        lambda r: "camera max 3" in (r["observation"]["results"][-1]["value"] or ""),
+        True,
+    ),
 }
 KINDS = sorted(PROBES)
 
@@ -86,6 +97,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "sql__scale_factor": 0.01,
         "sql__data_dir": str(tmp_path_factory.mktemp("tpch")),
         "python__slots_per_worker": 1,
+        "browser__instances_per_node": 1,
         "python__warm_sessions_per_jail": 1,
     }
     for kind in KINDS:

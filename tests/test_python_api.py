@@ -16,7 +16,13 @@ pytestmark = pytest.mark.nsjail
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[str]:
-    with running_node(workers=2, python__slots_per_worker=2, session_idle_s=3, reap_interval_s=0.5) as base:
+    with running_node(
+        runners='["python","tools","sql","textgame"]',
+        workers=2,
+        python__slots_per_worker=2,
+        session_idle_s=3,
+        reap_interval_s=0.5,
+    ) as base:
         yield base
 
 

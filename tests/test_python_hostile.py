@@ -19,7 +19,7 @@ pytestmark = pytest.mark.nsjail
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[str]:
-    with running_node(workers=1, python__slots_per_worker=3) as base:
+    with running_node(runners='["python"]', workers=1, python__slots_per_worker=3) as base:
         yield base
 
 

@@ -15,7 +15,7 @@ from sandboxd.config import build_settings_model, load_settings
 from sandboxd.configdocs import render as render_config_docs
 from sandboxd.registry import BUILTIN, kinds
 from sandboxd.runners.base import RunnerKind, import_string
-from sandboxd.runners.python.cgroups import CgroupGroup
+from sandboxd.runners.cgroups import CgroupGroup
 from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.jail import build_config, kafel_policy
 from sandboxd.runners.python.jailside import seccomp, wire

@@ -43,6 +43,7 @@ def _record(out: Samples, res: OpResult, ms: float) -> None:
     out.units += res.units
     out.steps += res.steps
     out.reward += res.reward
+    out.misses += res.misses
     if res.error:
         out.errors += 1
         if len(out.error_examples) < MAX_ERROR_EXAMPLES:
@@ -135,6 +136,7 @@ def run_level(
         res.units += out.units
         res.steps += out.steps
         res.reward += out.reward
+        res.misses += out.misses
         res.error_examples += out.error_examples
     for p in ps:
         p.join()

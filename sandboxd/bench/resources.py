@@ -8,6 +8,7 @@ reported separately (``client_cpu_cores``) so a saturated client is visible.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -21,6 +22,12 @@ def _cpu() -> tuple[int, int, int]:
     cpu = [int(x) for x in fields[0].split()[1:]]
     ctxt = next(int(line.split()[1]) for line in fields if line.startswith("ctxt "))
     return sum(cpu), cpu[3] + (cpu[4] if len(cpu) > 4 else 0), ctxt
+
+
+def cpu_times() -> float:
+    """Busy CPU seconds of the whole host so far (all CPUs, idle and iowait excluded)."""
+    total, idle, _ = _cpu()
+    return (total - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _mem_used_gb() -> float:

@@ -237,10 +237,14 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
     )
     results: dict[str, list[dict[str, Any]]] = {}
     with contextlib.ExitStack() as stack:
-        base = target or stack.enter_context(embedded_node({"SANDBOXD_SQL__SCALE_FACTOR": SCALE_FACTOR[plan.preset]}))
+        kinds = sorted({k for wl in plan.workloads for k in WORKLOADS[wl].runners})
+        node_settings = {"SANDBOXD_SQL__SCALE_FACTOR": SCALE_FACTOR[plan.preset], "SANDBOXD_RUNNERS": json.dumps(kinds)}
+        base = target or stack.enter_context(embedded_node(node_settings))
         cold_base = None
         if "B8" in plan.workloads and target is None and plan.b8_cold_trials > 0:
-            cold_base = stack.enter_context(embedded_node({"SANDBOXD_PYTHON__WARM_POOL": "false"}))
+            cold_base = stack.enter_context(
+                embedded_node({"SANDBOXD_PYTHON__WARM_POOL": "false", "SANDBOXD_RUNNERS": '["python"]'})
+            )
         for wl in plan.workloads:
             trials = WORKLOADS[wl].mode == "trials"
             folder = run_dir / f"{wl}_{WORKLOADS[wl].name}"

@@ -10,9 +10,10 @@ programs that close stdout and sleep, SysV segments and /dev plants, and
 malformed, oversized and unrepresentable requests, and check that each is
 blamed on the program or the client, never on the infrastructure. Every
 ``--report-every`` seconds it prints the node's RSS, open fds, processes,
-cgroups and temp-disk use; at the end, the counts of honest steps that failed
-and hostile steps that were mis-blamed (both must be 0), and the growth of
-each resource after the warm-up. Exit status 1 when either count is not 0.
+cgroups and the disk use of its runtime directory (jail logs, spilled SQL);
+at the end, the counts of honest steps that failed and hostile steps that
+were mis-blamed (both must be 0), and the growth of each resource after the
+warm-up. Exit status 1 when either count is not 0.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import asyncio
 import contextlib
 import os
 import random
-import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -203,8 +204,9 @@ def sample(gateway_pid: int, marker: str) -> dict[str, float]:
                     rss += int(line.split()[1])
             fds += len(os.listdir(f"/proc/{pid}/fd"))
     cgroups = sum(1 for _ in Path("/sys/fs/cgroup/memory").glob(f"**/{marker}*/**/")) if marker else 0
-    tmp = shutil.disk_usage(Path("/tmp")).used
-    return {"rss_mb": rss / 1024, "fds": fds, "procs": len(pids), "cgroups": cgroups, "tmp_used_mb": tmp / 2**20}
+    runtime = [p for p in Path(tempfile.gettempdir()).glob(f"sandboxd-{gateway_pid}-*") if p.is_dir()]
+    tmp = sum(f.stat().st_size for d in runtime for f in d.rglob("*") if f.is_file() and not f.is_symlink())
+    return {"rss_mb": rss / 1024, "fds": fds, "procs": len(pids), "cgroups": cgroups, "runtime_mb": tmp / 2**20}
 
 
 async def run(base: str, duration_s: float, every_s: float, warmup_s: float) -> int:
@@ -216,7 +218,7 @@ async def run(base: str, duration_s: float, every_s: float, warmup_s: float) -> 
     loops += [asyncio.create_task(soak.hostile_loop(i)) for i in range(2)]
     start = time.monotonic()
     rows: list[tuple[float, dict[str, float]]] = []
-    head = f"{'t_s':>6} {'rss_mb':>8} {'fds':>6} {'procs':>6} {'cgroups':>8} {'tmp_mb':>8}"
+    head = f"{'t_s':>6} {'rss_mb':>8} {'fds':>6} {'procs':>6} {'cgroups':>8} {'run_mb':>8}"
     print(head + " honest(failed) hostile(misblamed)")
     while time.monotonic() < soak.stop_at:
         await asyncio.sleep(min(every_s, max(0.0, soak.stop_at - time.monotonic())))
@@ -225,7 +227,7 @@ async def run(base: str, duration_s: float, every_s: float, warmup_s: float) -> 
         t = soak.t
         print(
             f"{rows[-1][0]:6.0f} {s['rss_mb']:8.1f} {s['fds']:6.0f} {s['procs']:6.0f} {s['cgroups']:8.0f} "
-            f"{s['tmp_used_mb']:8.1f} {t.honest}({t.honest_failed}) {t.hostile}({t.misblamed})",
+            f"{s['runtime_mb']:8.1f} {t.honest}({t.honest_failed}) {t.hostile}({t.misblamed})",
             flush=True,
         )
     await asyncio.gather(*loops)

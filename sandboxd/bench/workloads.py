@@ -31,8 +31,9 @@ class OpResult:
     passed: bool | None = None  # graded outcome where the workload defines one
     channel: str | None = None  # per-task / per-query latency channel
     units: int = 1  # sub-units done by the op (B7: episodes), for throughput
-    steps: int = 0  # B3: tool calls, B7: game steps
+    steps: int = 0  # B3: tool calls, B4: actions, B7: game steps
     reward: float = 0.0  # B7: reward collected
+    misses: int = 0  # B4: actions that failed (selector misses, by design of the suite's templates)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Samples:
     units: int = 0
     steps: int = 0
     reward: float = 0.0
+    misses: int = 0
     client_cpu_s: float = 0.0
     nprocs: int = 0
     error_examples: list[str] = field(default_factory=list)
@@ -84,6 +86,7 @@ class Workload:
     seed_base: ClassVar[int]
     mode: ClassVar[Literal["timed", "trials"]] = "timed"
     listed: ClassVar[bool] = True
+    runners: ClassVar[tuple[str, ...]] = ()  # the kinds an embedded node must enable for it
 
     def setup(self, options: dict[str, Any]) -> Any:
         """Build what every loop draws from (once per load process)."""
@@ -114,6 +117,7 @@ class CodeExec(Workload):
 
     id, name, title, unit = "B1", "codeexec", "CodeExec", "exec"
     rate_unit = "exec/s"
+    runners = ("python",)
     throughput_key, seed_base = "executions_per_sec", 0xB1
     timeout_s = 10
 
@@ -195,6 +199,7 @@ class ToolCall(Workload):
 
     id, name, title, unit = "B3", "toolcall", "ToolCall", "trajectory"
     rate_unit = "traj/s"
+    runners = ("tools",)
     throughput_key, seed_base = "trajectories_per_sec", 0xB3
 
     def setup(self, options: dict[str, Any]) -> list[tuple[str, list[tuple[str, dict[str, Any]]]]]:
@@ -251,6 +256,7 @@ class SQLExec(Workload):
 
     id, name, title, unit = "B5", "sqlexec", "SQLExec", "query"
     rate_unit = "queries/s"
+    runners = ("sql",)
     throughput_key, seed_base = "queries_per_sec", 0xB5
 
     async def op(self, loop: Loop) -> OpResult:
@@ -278,6 +284,7 @@ class TextGame(Workload):
 
     id, name, title, unit = "B7", "textgame", "Sim-TextGame", "episode"
     rate_unit = "episodes/s"
+    runners = ("textgame",)
     throughput_key, seed_base = "episodes_per_sec", 0xB7
     batch = 10
 
@@ -311,17 +318,104 @@ class TextGame(Workload):
         }
 
 
+class Browser(Workload):
+    """B4: one op = one whole trajectory of browser actions in a fresh context (a one-shot step)."""
+
+    id, name, title, unit = "B4", "browser", "Browser", "trajectory"
+    rate_unit = "traj/s"
+    throughput_key, seed_base = "trajectories_per_sec", 0xB4
+    runners: ClassVar[tuple[str, ...]] = ("browser",)
+    seed = 42
+
+    def setup(self, options: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
+        from sandboxd.bench.browser_trajectories import build_pool
+
+        return build_pool(int(options.get("b4_seed", self.seed)))
+
+    async def op(self, loop: Loop) -> OpResult:
+        name, actions = loop.shared[loop.rng.randrange(len(loop.shared))]
+        status, result = await step(loop, {"runner": "browser", "action": {"actions": actions}, "timeout_s": 120})
+        if status != 200:
+            return OpResult(error=http_error(status, result), channel=name)
+        obs = result["observation"]
+        return OpResult(channel=name, steps=len(obs["results"]), misses=obs["actions_failed"])
+
+    def throughput(self, s: Samples, duration_s: float) -> dict[str, Any]:
+        return {
+            self.throughput_key: round(s.ops / duration_s, 3),
+            "actions_per_sec": round(s.steps / duration_s, 2),
+            "total_trajectories": s.ops,
+            "total_actions": s.steps,
+        }
+
+    def extra(self, s: Samples) -> dict[str, Any]:
+        from sandboxd.bench.browser_trajectories import TEMPLATES
+
+        pool = self.setup({})
+        return {
+            "trajectory_pool_size": len(pool),
+            "trajectory_breakdown": {
+                "templates": TEMPLATES,
+                "seed": self.seed,
+                "avg_actions": round(sum(len(a) for _, a in pool) / len(pool), 2),
+            },
+            "selector_miss_rate": round(s.misses / s.steps, 4) if s.steps else None,
+            "steps_done_total": s.steps - s.misses,
+            "steps_failed_total": s.misses,
+            "per_template_latency_ms": {k: summary(v) for k, v in sorted(s.channels.items())},
+            "note": "warm-up ops are not counted (the public suite counts them); each trajectory runs in a "
+            "fresh browser context (the suite reuses pooled contexts and keeps their localStorage)",
+        }
+
+
+class BrowserBaseline(Browser):
+    """B4's trajectories against a replica of the public suite's worker (``baselines/b4_worker.py``).
+
+    Same pool, same RNG draws, the suite's request shape and its client habit: a new connection
+    per request (``Connection: close``). ``options["site_url"]`` is the static server of the shop.
+    """
+
+    id, name, title = "B4-baseline", "browser_suite_worker", "Browser via the suite's worker"
+    listed = False
+    runners = ()
+
+    async def op(self, loop: Loop) -> OpResult:
+        name, actions = loop.shared[loop.rng.randrange(len(loop.shared))]
+        steps = [{"action": a["action"], "args": {k: v for k, v in a.items() if k != "action"}} for a in actions]
+        try:
+            status, result = await loop.conn.request(
+                "POST", "/task", {"target_url": loop.options["site_url"], "steps": steps}
+            )
+        finally:
+            await loop.conn.close()
+        if status != 200:
+            return OpResult(error=f"HTTP {status}: {str(result)[:200]}", channel=name)
+        return OpResult(channel=name, steps=result["actions"], misses=result["steps_failed"])
+
+
 class ColdStart(Workload):
     """B8: a fresh isolated sandbox running ``print(1)``; N trials, not a time window (``coldstart.py``)."""
 
     id, name, title, unit = "B8", "coldstart", "ColdStart", "start"
     rate_unit = "starts/s"
+    runners = ("python",)
     throughput_key, seed_base = "container_starts_per_sec", 0xB8
     mode = "trials"
 
 
 WORKLOADS: dict[str, Workload] = {
-    w.id: w for w in (CodeExec(), ToolCall(), SQLExec(), TextGame(), ColdStart(), CodeExecSession(), CodeExecBaseline())
+    w.id: w
+    for w in (
+        CodeExec(),
+        ToolCall(),
+        Browser(),
+        BrowserBaseline(),
+        SQLExec(),
+        TextGame(),
+        ColdStart(),
+        CodeExecSession(),
+        CodeExecBaseline(),
+    )
 }
 
 

@@ -35,7 +35,7 @@ from nsjail.enums import LogLevel, Mode, RLimitType
 from nsjail.serializers.textproto import to_textproto
 
 from sandboxd.errors import SandboxSetupError
-from sandboxd.runners.python.cgroups import CgroupGroup
+from sandboxd.runners.cgroups import CgroupGroup
 from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.jailside import wire
 
@@ -201,6 +201,10 @@ class Output:
 SESSION_REPLY_MAX_HEADER_BYTES = 4096
 
 
+class ChannelGarbage(wire.WireError):
+    """A frame that is too large or unreadable (not a channel that closed because its process died)."""
+
+
 async def recv_frame(
     sock: socket.socket, max_header: int = wire.MAX_HEADER_BYTES, max_body: int = wire.MAX_BODY_BYTES
 ) -> tuple[dict[str, Any], bytes]:
@@ -211,9 +215,12 @@ async def recv_frame(
         if not chunk:
             raise wire.WireError("sandbox closed its channel")
         buf += chunk
-    head_len, body_len = wire.decode_prefix(bytes(buf[: wire.PREFIX.size]))
+    try:
+        head_len, body_len = wire.decode_prefix(bytes(buf[: wire.PREFIX.size]))
+    except wire.WireError as exc:
+        raise ChannelGarbage(str(exc)) from exc
     if head_len > max_header or body_len > max_body:
-        raise wire.WireError(f"frame of {head_len}+{body_len} bytes where at most {max_header}+{max_body} fit")
+        raise ChannelGarbage(f"frame of {head_len}+{body_len} bytes where at most {max_header}+{max_body} fit")
     total = wire.PREFIX.size + head_len + body_len
     while len(buf) < total:
         chunk = await loop.sock_recv(sock, max(65536, total - len(buf)))
@@ -223,9 +230,9 @@ async def recv_frame(
     try:
         header = json.loads(bytes(buf[wire.PREFIX.size : wire.PREFIX.size + head_len]))
     except ValueError as exc:
-        raise wire.WireError(f"unreadable frame header: {exc}") from exc
+        raise ChannelGarbage(f"unreadable frame header: {exc}") from exc
     if not isinstance(header, dict):
-        raise wire.WireError("frame header is not an object")
+        raise ChannelGarbage("frame header is not an object")
     return header, bytes(buf[wire.PREFIX.size + head_len : total])
 
 
@@ -496,7 +503,7 @@ async def run_step(
                         ex.kill()
                 break
             if ex.exit in finished or (session and waiter in finished):
-                if session and not ex.exit.done() and isinstance(waiter.exception(), wire.WireError):
+                if session and not ex.exit.done() and isinstance(waiter.exception(), ChannelGarbage):
                     killed_by = killed_by or "protocol"  # garbage on the channel, from the program's own process
                     ex.kill()
                 break  # the executor died (killed at a limit, or its kernel crashed)
@@ -518,6 +525,8 @@ async def run_step(
             await asyncio.wait({done}, timeout=SANDBOX_READY_TIMEOUT_S)
         if session and not waiter.done():
             waiter.cancel()
+        elif session and not waiter.cancelled():
+            waiter.exception()  # retrieved: a channel that closed with its executor is not worth a log line
     finally:
         for fd in list(open_fds):
             loop.remove_reader(fd)

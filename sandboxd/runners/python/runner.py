@@ -18,13 +18,15 @@ from typing import Any
 
 from sandboxd.errors import SandboxSetupError, SessionLost, UnknownSession
 from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
-from sandboxd.runners.python.cgroups import CgroupGroup, CgroupRoot, Counters
+from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot, Counters
 from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.jail import Executor, Jail, Output, run_step
 from sandboxd.runners.python.jailside import wire
 from sandboxd.runners.python.models import PythonAction, PythonObservation
 
 log = logging.getLogger(__name__)
+
+SPAWN_RETRY_DELAYS_S = (0.02, 0.1, 0.3)  # a jail that could not fork is retried this often before a restart
 
 # Pids used by the slot's own processes (nsjail, zygote, running and next executor).
 SLOT_OVERHEAD_PIDS = 6
@@ -75,6 +77,7 @@ class PythonRunner:
         self._cold = asyncio.Semaphore(cfg.slots_per_worker)  # warm_pool=False: concurrent cold starts
         self._restart_locks: dict[str, asyncio.Lock] = {}
         self._healer: asyncio.Task[None] | None = None
+        self._leftover_cgroups: list[CgroupGroup] = []
         self._cold_seq = 0
         self.stats: dict[str, int] = {
             "sandbox_starts": 0,
@@ -155,6 +158,8 @@ class PythonRunner:
         total = len(self.slots) + len(self.session_jails)
         if alive < total and (self._healer is None or self._healer.done()):
             self._healer = asyncio.create_task(self._heal())
+        if self._leftover_cgroups:
+            await self._retry_leftovers()
         return {
             "capacity": self.capacity(),
             "free_slots": self.free.qsize() if self.cfg.warm_pool else self._cold._value,
@@ -241,7 +246,7 @@ class PythonRunner:
             return await self._run_in(jail, cg, await self._spawn(jail), header, body, limits)
         finally:
             await jail.stop()
-            await asyncio.to_thread(cg.remove)
+            await self._remove_cgroup(cg)
 
     async def _take_executor(self, slot: Slot) -> Executor:
         task = slot.next_executor
@@ -255,7 +260,14 @@ class PythonRunner:
             executor.close()
             log.warning("slot %s: its prepared executor died; restarting the jail", slot.jail.name)
         except (SandboxSetupError, OSError, wire.WireError) as exc:
-            # The jail is broken (zygote killed, cgroup gone...): replace it once.
+            # A live jail that could not fork (EAGAIN: the last program's processes are still being torn
+            # down at the pids limit) is fine a moment later; a broken one (zygote killed, cgroup gone) is
+            # replaced once.
+            if slot.jail.alive:
+                for delay in SPAWN_RETRY_DELAYS_S:
+                    await asyncio.sleep(delay)
+                    with contextlib.suppress(SandboxSetupError, OSError, wire.WireError):
+                        return await self._spawn(slot.jail)
             log.warning("slot %s: %s; restarting its jail", slot.jail.name, exc)
         await slot.jail.stop()
         await self._ensure_jail(slot.jail)
@@ -356,7 +368,7 @@ class PythonRunner:
             cg.add(executor.host_pid)
         except SandboxSetupError:
             executor.close()
-            await asyncio.to_thread(cg.remove)
+            await self._remove_cgroup(cg)
             raise
         self.sessions[session_id] = Session(session_id, executor, cg, jail)
 
@@ -416,4 +428,13 @@ class PythonRunner:
     async def _drop_session(self, sess: Session) -> None:
         self.sessions.pop(sess.session_id, None)
         sess.executor.close()
-        await asyncio.to_thread(sess.cgroup.remove)
+        await self._remove_cgroup(sess.cgroup)
+
+    async def _remove_cgroup(self, cg: CgroupGroup) -> None:
+        if not await asyncio.to_thread(cg.remove):
+            self._leftover_cgroups.append(cg)  # still busy: health() tries again
+
+    async def _retry_leftovers(self) -> None:
+        pending, self._leftover_cgroups = self._leftover_cgroups, []
+        for cg in pending:
+            await self._remove_cgroup(cg)

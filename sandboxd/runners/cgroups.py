@@ -148,12 +148,18 @@ class CgroupGroup:
             with contextlib.suppress(OSError):
                 (self.dirs["unified"] / "cgroup.subtree_control").write_text("+memory +pids +cpu")
 
-    def remove(self) -> None:
-        """Remove the group; kill what is left in it first (never leak a sandbox)."""
+    def remove(self) -> bool:
+        """Remove the group; kill what is left in it first (never leak a sandbox).
+
+        False when a directory is still busy (a process killed with a lot of memory can take longer
+        to exit than we wait here): the caller tries again later, so no empty group is left behind.
+        """
+        gone = True
         for d in dict.fromkeys(self.dirs.values()):
             for sub in sorted((p for p in d.glob("**/") if p != d), key=lambda p: -len(p.parts)):
-                _kill_and_rmdir(sub)
-            _kill_and_rmdir(d)
+                gone = _kill_and_rmdir(sub) and gone
+            gone = _kill_and_rmdir(d) and gone
+        return gone
 
 
 def kill_if_member(pid: int, group_dir: Path) -> None:
@@ -180,7 +186,7 @@ def kill_if_member(pid: int, group_dir: Path) -> None:
         os.close(pidfd)
 
 
-def _kill_and_rmdir(d: Path) -> None:
+def _kill_and_rmdir(d: Path) -> bool:
     procs = d / "cgroup.procs"
     for _ in range(50):
         try:
@@ -191,11 +197,12 @@ def _kill_and_rmdir(d: Path) -> None:
             kill_if_member(pid, d)
         try:
             d.rmdir()
-            return
+            return True
         except FileNotFoundError:
-            return
+            return True
         except OSError:
             time.sleep(0.01)
+    return False
 
 
 class CgroupRoot:

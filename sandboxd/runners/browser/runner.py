@@ -1,0 +1,408 @@
+"""The browser runner: one jailed Chromium per instance, a context per session or trajectory.
+
+Launch at start (Playwright driver ~0.45 s, Chromium ~0.25 s, both off the
+request path), and keep ``warm_contexts`` fresh contexts ready: a one-shot step
+takes a never-used context (no cookies, storage, cache or service worker of
+anyone), runs its actions and throws it away; a new one is made in the
+background. A session owns one context and one page for its life.
+
+Faults stay where they start: a renderer that crashes or hangs costs its own
+context (the step is the program's failure; a session ends); a context that
+opens too many pages has the extras closed; a whole browser that dies fails
+its in-flight steps as infra, loses its sessions (410) and is relaunched.
+Playwright's exceptions are translated here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from playwright.async_api import Browser, BrowserContext, Page, Playwright, async_playwright
+from playwright.async_api import Error as PlaywrightError
+from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+from sandboxd.errors import BadRequest, SandboxSetupError, SessionLost, UnknownSession
+from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
+from sandboxd.runners.browser import models as m
+from sandboxd.runners.browser.config import BrowserRunnerConfig
+from sandboxd.runners.browser.jail import write_launcher
+from sandboxd.runners.browser.sites import Sites
+from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot
+
+log = logging.getLogger(__name__)
+
+LAUNCH_TIMEOUT_MS = 60_000
+CLOSE_TIMEOUT_S = 5.0
+TITLE_TIMEOUT_S = 0.5  # a hung page has no title worth waiting for
+CHROMIUM_ARGS = [
+    "--disable-gpu",
+    "--disable-software-rasterizer",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+]
+
+
+@dataclass
+class Tab:
+    """A context with its one page: what a session or a one-shot trajectory drives."""
+
+    context: BrowserContext
+    page: Page
+    browser: Browser
+    crashed: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    site: str = "shop"
+
+
+class BrowserRunner:
+    def __init__(self, cfg: BrowserRunnerConfig, ctx: RunnerContext) -> None:
+        self.cfg = cfg
+        self.name = ctx.name
+        self.dir = ctx.runtime_dir / ctx.name / "browser"
+        self.sites = Sites.configured(cfg.sites)
+        self.pw: Playwright | None = None
+        self.browser: Browser | None = None
+        self.cgroup: CgroupGroup | None = None
+        self.root: CgroupRoot | None = None
+        self.launcher: Path | None = None
+        self.warm: asyncio.Queue[Tab] = asyncio.Queue()
+        self.slots = asyncio.Semaphore(cfg.slots_per_worker)
+        self.sessions: dict[str, Tab] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.closing = False
+        self._relaunch: asyncio.Task[None] | None = None
+        self.stats = {"launches": 0, "contexts": 0, "crashes": 0, "browser_deaths": 0, "pages_closed": 0}
+
+    def capacity(self) -> int:
+        return self.cfg.slots_per_worker
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.root = CgroupRoot(self.name + "-browser", Path(self.cfg.cgroup_mount))
+        self.cgroup = self.root.slot("chromium")
+        self.cgroup.set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
+        self.cgroup.set_cpu(self.cfg.cpu_cores)
+        self.launcher = write_launcher(self.cfg, self.dir, self.cgroup.procs_files)
+        self.pw = await async_playwright().start()
+        await self._launch()
+
+    async def _launch(self) -> None:
+        assert self.pw is not None and self.launcher is not None
+        try:
+            browser = await self.pw.chromium.launch(
+                executable_path=str(self.launcher),
+                headless=True,
+                chromium_sandbox=False,  # the jail is the sandbox; Chromium's own needs user namespaces inside it
+                args=CHROMIUM_ARGS,
+                timeout=LAUNCH_TIMEOUT_MS,
+            )
+        except PlaywrightError as exc:
+            raise SandboxSetupError(f"browser {self.name} did not start: {exc.message[:500]}") from exc
+        self.browser = browser
+        self.stats["launches"] += 1
+        browser.on("disconnected", lambda b: self._on_disconnected(b))
+        for _ in range(self.cfg.warm_contexts):
+            self._spawn(self._refill())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _on_disconnected(self, browser: Browser) -> None:
+        if browser is not self.browser:
+            return
+        self.browser = None
+        if self.closing:
+            return
+        self.stats["browser_deaths"] += 1
+        log.error("browser %s died; its sessions are lost; relaunching", self.name)
+        while not self.warm.empty():
+            self.warm.get_nowait()
+        if self._relaunch is None or self._relaunch.done():
+            self._relaunch = asyncio.ensure_future(self._relaunch_loop())
+
+    async def _relaunch_loop(self) -> None:
+        for delay in (0.0, 0.5, 1.0, 2.0, 5.0, 5.0, 5.0):
+            await asyncio.sleep(delay)
+            if self.closing:
+                return
+            try:
+                await self._launch()
+                return
+            except SandboxSetupError as exc:
+                log.error("%s", exc)
+
+    async def _new_tab(self, site: str = "shop") -> Tab:
+        browser = self.browser
+        if browser is None:
+            raise SandboxSetupError(f"browser {self.name} is restarting")
+        try:
+            context = await browser.new_context(
+                viewport={"width": self.cfg.viewport_width, "height": self.cfg.viewport_height},
+                service_workers="block",
+                accept_downloads=False,
+            )
+            await context.route("**/*", self.sites.handle)
+            page = await context.new_page()
+        except PlaywrightError as exc:
+            raise SandboxSetupError(f"browser {self.name}: cannot open a context: {exc.message[:300]}") from exc
+        tab = Tab(context, page, browser, site=site)
+        page.on("crash", lambda _: self._crashed(tab))
+        context.on("page", lambda p: self._limit_pages(tab, p))
+        self.stats["contexts"] += 1
+        return tab
+
+    def _crashed(self, tab: Tab) -> None:
+        tab.crashed = True
+        self.stats["crashes"] += 1
+
+    def _limit_pages(self, tab: Tab, page: Page) -> None:
+        """window.open storms: a context keeps at most max_pages_per_context pages."""
+        if len(tab.context.pages) > self.cfg.max_pages_per_context:
+            self.stats["pages_closed"] += 1
+            self._spawn(page.close())
+
+    async def _refill(self) -> None:
+        with contextlib.suppress(SandboxSetupError):
+            self.warm.put_nowait(await self._new_tab())
+
+    async def _take_tab(self) -> Tab:
+        while not self.warm.empty():
+            tab = self.warm.get_nowait()
+            self._spawn(self._refill())
+            if tab.browser is self.browser and not tab.crashed:
+                return tab
+            self._spawn(self._dispose(tab))
+        return await self._new_tab()
+
+    async def _dispose(self, tab: Tab) -> None:
+        with contextlib.suppress(PlaywrightError, TimeoutError):
+            await asyncio.wait_for(tab.context.close(), CLOSE_TIMEOUT_S)
+
+    async def close(self) -> None:
+        self.closing = True
+        for tab in list(self.sessions.values()):
+            await self._dispose(tab)
+        self.sessions.clear()
+        for task in list(self.tasks):
+            task.cancel()
+        if self.browser is not None:
+            with contextlib.suppress(PlaywrightError, TimeoutError):
+                await asyncio.wait_for(self.browser.close(), CLOSE_TIMEOUT_S)
+        if self.pw is not None:
+            with contextlib.suppress(Exception):
+                await self.pw.stop()
+        if self.root is not None:
+            await asyncio.to_thread(self.root.group.remove)  # kills whatever of the browser is left
+
+    async def health(self) -> dict[str, Any]:
+        return {
+            "capacity": self.capacity(),
+            "free_slots": self.slots._value,
+            "sessions": len(self.sessions),
+            "warm_contexts": self.warm.qsize(),
+            "ready": self.browser is not None,
+            "requests_served": self.sites.served,
+            "requests_blocked": self.sites.blocked,
+            **self.stats,
+        }
+
+    # ------------------------------------------------------------------ steps
+
+    async def step(self, action: m.BrowserStep, session_id: str | None, limits: StepLimits) -> StepOutcome:
+        if session_id is not None:
+            tab = self.sessions.get(session_id)
+            if tab is None:
+                raise UnknownSession(f"no browser session {session_id}", session_id=session_id)
+            if tab.browser is not self.browser or not tab.browser.is_connected():
+                self.sessions.pop(session_id, None)
+                raise SessionLost(f"session {session_id}: its browser died", session_id=session_id)
+            async with tab.lock:
+                outcome = await self._run(tab, action, limits, tab.site)
+            if not outcome.session_alive:
+                await self.close_session(session_id)
+            return outcome
+        if action.site not in self.sites.roots:
+            raise BadRequest(f"action.site: unknown site {action.site!r}; known: {sorted(self.sites.roots)}")
+        async with self.slots:
+            tab = await self._take_tab()
+            try:
+                return await self._run(tab, action, limits, action.site)
+            finally:
+                self._spawn(self._dispose(tab))
+
+    async def _run(self, tab: Tab, step: m.BrowserStep, limits: StepLimits, site: str) -> StepOutcome:
+        t0 = time.monotonic()
+        deadline = t0 + limits.timeout_s
+        results: list[m.ActionResult] = []
+        timed_out = False
+        for act in step.actions:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            result = await self._act(tab, act, site, left)
+            results.append(result)
+            if tab.crashed or (step.stop_on_error and not result.ok):
+                break
+            if not tab.browser.is_connected():
+                raise SandboxSetupError(f"browser {self.name} died during the step")
+        failed = sum(not r.ok for r in results)
+        title = None
+        if not tab.crashed:
+            with contextlib.suppress(PlaywrightError, TimeoutError):
+                title = await asyncio.wait_for(tab.page.title(), 1.0)
+        obs = m.BrowserObservation(
+            results=results,
+            actions_done=len(results) - failed,
+            actions_failed=failed,
+            url=tab.page.url,
+            title=title,
+            page_crashed=tab.crashed,
+            wall_ms=round((time.monotonic() - t0) * 1000, 3),
+        )
+        if tab.crashed:
+            failure: ProgramFailure | None = ProgramFailure("program_killed", "the page crashed (renderer died)")
+        elif timed_out:
+            failure = ProgramFailure("program_timeout", f"the step ran past its {limits.timeout_s:g}s limit")
+        elif failed:
+            failure = ProgramFailure("action_error", f"{failed} of {len(results)} actions failed")
+        else:
+            failure = None
+        return StepOutcome(
+            obs, failure=failure, session_alive=not tab.crashed, killed_by="crash" if tab.crashed else None
+        )
+
+    async def _act(self, tab: Tab, act: Any, site: str, left_s: float) -> m.ActionResult:
+        page = tab.page
+        is_goto = isinstance(act, m.Goto | m.History)
+        default_ms = self.cfg.goto_timeout_ms if is_goto else self.cfg.action_timeout_ms
+        timeout_ms = min(act.timeout_ms or default_ms, max(1.0, left_s * 1000))
+        t = time.monotonic()
+        value: str | None = None
+        error: str | None = None
+        try:
+            value = await asyncio.wait_for(self._do(page, act, site, timeout_ms), timeout_ms / 1000 + 1.0)
+        except PlaywrightTimeout:
+            error = f"timed out after {timeout_ms:g} ms" + (
+                f" waiting for {act.selector!r}" if getattr(act, "selector", None) else ""
+            )
+        except TimeoutError:
+            error = f"timed out after {timeout_ms:g} ms (the page did not answer)"
+        except PlaywrightError as exc:
+            error = _short(exc.message)
+        except ActionRefused as exc:
+            error = str(exc)
+        title = None
+        if not tab.crashed:
+            with contextlib.suppress(PlaywrightError, TimeoutError):
+                title = await asyncio.wait_for(page.title(), TITLE_TIMEOUT_S)
+        return m.ActionResult(
+            action=act.action,
+            ok=error is None,
+            error=error,
+            elapsed_ms=round((time.monotonic() - t) * 1000, 3),
+            url=page.url,
+            title=title,
+            value=value,
+        )
+
+    async def _do(self, page: Page, act: Any, site: str, timeout_ms: float) -> str | None:
+        match act:
+            case m.Goto():
+                target = act.site or site
+                if target not in self.sites.roots:
+                    raise ActionRefused(f"unknown site {target!r}; known: {sorted(self.sites.roots)}")
+                await page.goto(self.sites.url(target, act.path), wait_until="domcontentloaded", timeout=timeout_ms)
+            case m.Click():
+                await page.click(act.selector, timeout=timeout_ms)
+            case m.Fill():
+                await page.fill(act.selector, act.text, timeout=timeout_ms)
+            case m.Press():
+                if act.selector:
+                    await page.press(act.selector, act.key, timeout=timeout_ms)
+                else:
+                    await page.keyboard.press(act.key)
+            case m.Scroll():
+                await page.evaluate("([x, y]) => window.scrollBy(x, y)", [act.x, act.y])
+            case m.SelectOption():
+                await page.select_option(act.selector, act.value, timeout=timeout_ms)
+            case m.Check():
+                if act.action == "check":
+                    await page.check(act.selector, timeout=timeout_ms)
+                else:
+                    await page.uncheck(act.selector, timeout=timeout_ms)
+            case m.WaitFor():
+                if act.selector:
+                    await page.wait_for_selector(act.selector, state=act.state, timeout=timeout_ms)
+                else:
+                    await asyncio.sleep(min(act.ms or 0, timeout_ms) / 1000)
+            case m.Text():
+                return self._cut(await page.inner_text(act.selector or "body", timeout=timeout_ms))
+            case m.AriaSnapshot():
+                return self._cut(await page.locator(act.selector or "body").aria_snapshot(timeout=timeout_ms))
+            case m.Screenshot():
+                shot = await page.screenshot(
+                    type=act.format,
+                    quality=act.quality if act.format == "jpeg" else None,
+                    full_page=act.full_page,
+                    timeout=timeout_ms,
+                )
+                if len(shot) > self.cfg.max_screenshot_bytes:
+                    raise ActionRefused(
+                        f"screenshot of {len(shot)} bytes exceeds max_screenshot_bytes {self.cfg.max_screenshot_bytes}"
+                    )
+                return base64.b64encode(shot).decode()
+            case m.History():
+                if act.action == "back":
+                    await page.go_back(wait_until="domcontentloaded", timeout=timeout_ms)
+                elif act.action == "forward":
+                    await page.go_forward(wait_until="domcontentloaded", timeout=timeout_ms)
+                else:
+                    await page.reload(wait_until="domcontentloaded", timeout=timeout_ms)
+        return None
+
+    def _cut(self, text: str) -> str:
+        data = text.encode()
+        if len(data) <= self.cfg.max_text_bytes:
+            return text
+        return data[: self.cfg.max_text_bytes].decode(errors="ignore") + "\n[truncated]"
+
+    # ------------------------------------------------------------------ sessions
+
+    async def open_session(self, session_id: str, options: dict[str, Any]) -> None:
+        if session_id in self.sessions:
+            return
+        opts = m.BrowserSessionOptions.model_validate(options)
+        if opts.site not in self.sites.roots:
+            raise BadRequest(f"options.site: unknown site {opts.site!r}; known: {sorted(self.sites.roots)}")
+        refuse_at_session_cap("browser", len(self.sessions), self.cfg.max_sessions_per_worker, session_id)
+        tab = await self._take_tab()
+        tab.site = opts.site
+        self.sessions[session_id] = tab
+
+    async def close_session(self, session_id: str) -> None:
+        tab = self.sessions.pop(session_id, None)
+        if tab is not None:
+            await self._dispose(tab)
+
+
+class ActionRefused(Exception):
+    """An action the runner will not do (unknown site, oversized screenshot): the program's error."""
+
+
+def _short(message: str) -> str:
+    first = message.strip().split("\n", 1)[0]
+    return first[:500]

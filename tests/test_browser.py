@@ -1,0 +1,292 @@
+"""The browser runner against a real node with real (jailed) Chromium: actions, isolation, hostile pages.
+
+A test site of our own ("hostile") holds pages whose JavaScript tries to reach
+the host's loopback (a listener this test runs), the gateway's own port, a
+cloud metadata address and the internet, by fetch, WebSocket, <img> and
+navigation; a page that spins forever, one that eats memory, one that opens
+windows in a loop. Nothing may get out, and nothing may hurt another session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tests.conftest import running_node
+
+pytestmark = [pytest.mark.nsjail, pytest.mark.chromium]
+
+PROBE_PAGE = """<!doctype html><html><head><title>probe</title></head><body><pre id="out"></pre><script>
+const out = document.getElementById('out');
+const log = (s) => { out.textContent += s + '\\n'; };
+const targets = TARGETS;
+(async () => {
+  for (const t of targets) {
+    try { const r = await fetch(t, {mode: 'no-cors'}); log('fetch reached ' + t); } catch (e) { log('fetch blocked'); }
+    await new Promise((res) => { const img = new Image(); img.onload = () => { log('img reached ' + t); res(); };
+      img.onerror = () => { log('img blocked'); res(); }; img.src = t + '/x.png'; });
+    await new Promise((res) => { try { const ws = new WebSocket(t.replace('http', 'ws'));
+      ws.onopen = () => { log('ws reached ' + t); res(); }; ws.onerror = () => { log('ws blocked'); res(); };
+      } catch (e) { log('ws blocked'); res(); } });
+  }
+  log('done');
+})();
+</script></body></html>"""
+
+
+class Listener:
+    """A loopback HTTP listener that counts every connection: nothing from the browser may arrive."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.hits = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.hits += 1
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def listener() -> Iterator[Listener]:
+    lis = Listener()
+    yield lis
+    lis.sock.close()
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, listener: Listener) -> Iterator[str]:
+    site = tmp_path_factory.mktemp("hostile-site")
+    site.chmod(0o755)
+    targets = [f"http://127.0.0.1:{listener.port}", "http://169.254.169.254", "http://8.8.8.8", "http://example.com"]
+    (site / "probe.html").write_text(PROBE_PAGE.replace("TARGETS", json.dumps(targets)))
+    (site / "navigate.html").write_text(
+        f"<title>nav</title><script>location.href = 'http://127.0.0.1:{listener.port}/escaped';</script>"
+    )
+    (site / "spin.html").write_text("<title>spin</title><script>setTimeout(() => { while (true) {} }, 10);</script>")
+    (site / "eat.html").write_text(
+        "<title>eat</title><script>const a = []; setInterval(() => { for (let i = 0; i < 50; i++) "
+        "a.push(new Array(1 << 20).fill(Math.random())); }, 1);</script>"
+    )
+    (site / "popups.html").write_text(
+        "<title>popups</title><script>for (let i = 0; i < 40; i++) window.open('/probe.html');</script>"
+    )
+    with running_node(
+        runners='["browser"]',
+        workers=1,
+        browser__instances_per_node=1,
+        browser__memory_mb=1536,
+        browser__max_sessions_per_worker=4,
+        browser__sites=json.dumps({"hostile": str(site)}),
+    ) as base:
+        yield base
+
+
+async def browse(
+    http: httpx.AsyncClient, actions: list[dict[str, Any]], session_id: str | None = None, **fields: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"runner": "browser", "action": {"actions": actions}, **fields}
+    if session_id:
+        body["session_id"] = session_id
+    r = await http.post("/rollout/step", json=body, timeout=120)
+    data: dict[str, Any] = {"http": r.status_code, **r.json()}
+    return data
+
+
+def values(r: dict[str, Any]) -> list[Any]:
+    return [x["value"] for x in r["observation"]["results"]]
+
+
+async def test_every_action_works_on_the_shop(http: httpx.AsyncClient) -> None:
+    r = await browse(
+        http,
+        [
+            {"action": "goto", "path": "/"},
+            {"action": "fill", "selector": "input#search-box", "text": "camera"},
+            {"action": "press", "selector": "input#search-box", "key": "Enter"},
+            {"action": "wait_for", "selector": "a.product-link"},
+            {"action": "text", "selector": "h1"},
+            {"action": "click", "selector": "a.product-link"},
+            {"action": "wait_for", "selector": "#detail h1"},
+            {"action": "aria_snapshot", "selector": "#detail"},
+            {"action": "back"},
+            {"action": "reload"},
+            {"action": "goto", "path": "/profile.html"},
+            {"action": "select_option", "selector": "select#tier", "value": "pro"},
+            {"action": "type", "selector": "input#username", "text": "agent"},
+            {"action": "click", "selector": "button#save-profile"},
+            {"action": "text", "selector": "#status"},
+            {"action": "goto", "path": "/checkout.html"},
+            {"action": "check", "selector": "#payment-paypal"},
+            {"action": "scroll", "y": 300},
+            {"action": "wait_for", "ms": 20},
+            {"action": "screenshot"},
+            {"action": "screenshot", "format": "jpeg", "quality": 50, "full_page": True},
+        ],
+    )
+    assert r["http"] == 200, r
+    results = r["observation"]["results"]
+    assert [x["ok"] for x in results] == [True] * len(results), [(x["action"], x["error"]) for x in results]
+    assert r["ok"] is True and r["error"] is None
+    v = values(r)
+    assert v[4] == 'Results for "camera"' and v[14] == "Profile saved."
+    assert "heading" in v[7] and "camera" in v[7]
+    assert base64.b64decode(v[19])[:8] == b"\x89PNG\r\n\x1a\n" and base64.b64decode(v[20])[:2] == b"\xff\xd8"
+    assert results[8]["url"].startswith("http://shop.sandboxd/search.html?q=camera")
+    assert results[4]["title"] == 'Results for "camera"' and all(x["elapsed_ms"] >= 0 for x in results)
+    assert r["observation"]["url"] == "http://shop.sandboxd/checkout.html"
+
+
+async def test_a_selector_miss_is_the_programs_observation(http: httpx.AsyncClient) -> None:
+    r = await browse(
+        http, [{"action": "goto", "path": "/"}, {"action": "click", "selector": "#nothing-here"}, {"action": "scroll"}]
+    )
+    assert r["http"] == 200 and r["ok"] is False
+    assert r["error"]["blame"] == "program" and r["error"]["code"] == "action_error"
+    miss = r["observation"]["results"][1]
+    assert miss["ok"] is False and "timed out after 500 ms" in miss["error"] and "#nothing-here" in miss["error"]
+    assert 450 <= miss["elapsed_ms"] < 2000 and r["observation"]["results"][2]["ok"] is True
+    bad = await http.post("/rollout/step", json={"runner": "browser", "action": {"action": "teleport"}})
+    assert bad.status_code == 422 and bad.json()["error"]["blame"] == "client"
+    other = await browse(http, [{"action": "goto", "path": "/", "site": "nope"}])
+    assert "unknown site" in other["observation"]["results"][0]["error"]
+
+
+ADD = [{"action": "goto", "path": "/"}, {"action": "click", "selector": "button.add-to-cart[data-id='7']"}]
+CART = [{"action": "goto", "path": "/cart.html"}, {"action": "text", "selector": "#cart-rows"}]
+
+
+async def test_sessions_and_one_shots_share_no_storage(http: httpx.AsyncClient) -> None:
+    a = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
+    b = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
+    try:
+        assert (await browse(http, ADD, a))["ok"]
+        assert "monitor go 7" in values(await browse(http, CART, a))[1]  # item 7: "monitor go 7"
+        assert values(await browse(http, CART, b))[1] == ""
+        assert (await browse(http, ADD))["ok"]  # a one-shot's cart dies with its context
+        assert values(await browse(http, CART))[1] == ""
+        assert "monitor go 7" in values(await browse(http, CART, a))[1]  # and the session kept its own
+    finally:
+        await http.delete(f"/sessions/{a}")
+        await http.delete(f"/sessions/{b}")
+
+
+async def test_hostile_pages_reach_nothing(http: httpx.AsyncClient, node: str, listener: Listener) -> None:
+    gateway_port = urlsplit(node).port
+    probe = await browse(
+        http,
+        [
+            {"action": "goto", "path": "/probe.html", "site": "hostile"},
+            {"action": "wait_for", "selector": "text=done", "timeout_ms": 15000},
+            {"action": "text", "selector": "#out"},
+            {"action": "goto", "path": "/navigate.html", "site": "hostile"},
+            {"action": "wait_for", "ms": 500},
+        ],
+        timeout_s=60,
+    )
+    out = probe["observation"]["results"][2]["value"]
+    assert out and "reached" not in out and out.count("blocked") == 12, out
+    # the navigation to the host's loopback was refused: the page shows Chromium's error page, not the host
+    assert probe["observation"]["url"] in ("chrome-error://chromewebdata/", "http://hostile.sandboxd/navigate.html")
+    assert listener.hits == 0
+    direct = await browse(http, [{"action": "goto", "path": f"//127.0.0.1:{gateway_port}/healthz"}])
+    assert direct["observation"]["url"].startswith("http://shop.sandboxd/") or not direct["ok"]
+    assert listener.hits == 0
+
+
+async def test_runaway_pages_cost_only_themselves(http: httpx.AsyncClient) -> None:
+    calm = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
+    try:
+        assert (await browse(http, ADD, calm))["ok"]
+        spin = browse(
+            http,
+            [{"action": "goto", "path": "/spin.html", "site": "hostile"}, {"action": "click", "selector": "body"}],
+            timeout_s=5,
+        )
+        eat = browse(
+            http,
+            [{"action": "goto", "path": "/eat.html", "site": "hostile"}, {"action": "wait_for", "ms": 20000}],
+            timeout_s=30,
+        )
+        popups = browse(
+            http,
+            [{"action": "goto", "path": "/popups.html", "site": "hostile"}, {"action": "wait_for", "ms": 1000}],
+        )
+        for r in await asyncio.gather(spin, eat, popups):
+            assert r["http"] == 200 and (r["error"] is None or r["error"]["blame"] == "program"), r
+        assert "monitor go 7" in values(await browse(http, CART, calm))[1]  # the session next door is unharmed
+        health = (await http.get("/readyz")).json()
+        assert health["ready"] is True
+    finally:
+        await http.delete(f"/sessions/{calm}")
+
+
+def chromium_pids(marker: str) -> list[int]:
+    found = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                cmd = (p / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmd and ("chromium" in cmd or "nsjail" in cmd):
+                found.append(int(p.name))
+    return found
+
+
+async def test_a_browser_that_dies_is_replaced_and_its_sessions_are_lost(http: httpx.AsyncClient) -> None:
+    sid = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
+    assert (await browse(http, ADD, sid))["ok"]
+    ready = (await http.get("/readyz")).json()
+    marker = f"sandboxd-{ready['pid']}-"
+    jails = [p for p in chromium_pids(marker) if "nsjail" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
+    assert jails, "no jailed browser found"
+    for pid in jails:
+        os.kill(pid, signal.SIGKILL)
+    lost = await browse(http, CART, sid)
+    assert lost["http"] in (410, 503) and lost["error"]["blame"] == "infra", lost
+    for _ in range(100):
+        r = await browse(http, ADD)
+        if r["http"] == 200:
+            break
+        assert r["error"]["blame"] == "infra"
+        await asyncio.sleep(0.2)
+    assert r["ok"], r
+    again = await browse(http, CART, sid)
+    assert again["http"] == 410 and again["error"]["code"] == "session_lost"
+
+
+def test_nothing_is_left_running_after_the_node_stops(tmp_path: Path) -> None:
+    with running_node(runners='["browser"]', workers=1, browser__instances_per_node=1) as base:
+        pid = httpx.get(f"{base}/readyz", timeout=30).json()["pid"]
+        marker = f"sandboxd-{pid}-"
+        assert chromium_pids(marker)
+        r = httpx.post(f"{base}/rollout/step", json={"runner": "browser", "action": ADD[0]}, timeout=60)
+        assert r.status_code == 200
+    for _ in range(50):
+        if not chromium_pids(marker):
+            break
+        import time
+
+        time.sleep(0.1)
+    assert chromium_pids(marker) == []
