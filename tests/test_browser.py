@@ -80,6 +80,16 @@ def node(tmp_path_factory: pytest.TempPathFactory, listener: Listener) -> Iterat
     site.chmod(0o755)
     targets = [f"http://127.0.0.1:{listener.port}", "http://169.254.169.254", "http://8.8.8.8", "http://example.com"]
     (site / "probe.html").write_text(PROBE_PAGE.replace("TARGETS", json.dumps(targets)))
+    (site / "plant.html").write_text(
+        "<title>plant</title><script>localStorage.setItem('k', 'planted'); sessionStorage.setItem('k', 'planted');"
+        "document.cookie = 'k=planted'; window.name = 'planted';"
+        "indexedDB.open('db', 1).onupgradeneeded = (e) => e.target.result.createObjectStore('s');</script>"
+    )
+    (site / "read.html").write_text(
+        "<title>read</title><pre id='out'></pre><script>(async () => { const dbs = await indexedDB.databases();"
+        "document.getElementById('out').textContent = [localStorage.getItem('k'), sessionStorage.getItem('k'),"
+        "document.cookie, window.name, dbs.length, history.length].join('|'); })();</script>"
+    )
     (site / "navigate.html").write_text(
         f"<title>nav</title><script>location.href = 'http://127.0.0.1:{listener.port}/escaped';</script>"
     )
@@ -189,6 +199,26 @@ async def test_sessions_and_one_shots_share_no_storage(http: httpx.AsyncClient) 
     finally:
         await http.delete(f"/sessions/{a}")
         await http.delete(f"/sessions/{b}")
+
+
+async def test_one_shots_leave_nothing_for_the_next_one(http: httpx.AsyncClient) -> None:
+    plant: list[dict[str, Any]] = [
+        {"action": "goto", "path": "/plant.html", "site": "hostile"},
+        {"action": "wait_for", "ms": 100},
+    ]
+    read: list[dict[str, Any]] = [
+        {"action": "goto", "path": "/read.html", "site": "hostile"},
+        {"action": "wait_for", "selector": "#out:not(:empty)"},
+        {"action": "text", "selector": "#out"},
+        {"action": "back", "timeout_ms": 1000},
+    ]
+    for _ in range(6):  # more than the pool holds: every pooled context gets planted, then read
+        assert (await browse(http, plant))["http"] == 200
+    for _ in range(6):
+        r = await browse(http, read)
+        # no local or session storage, cookie, window.name or database; history: about:blank, then this page
+        assert values(r)[2] == "||||0|2", values(r)
+        assert r["observation"]["results"][3]["url"] == "about:blank"  # "back" finds no earlier trajectory
 
 
 async def test_hostile_pages_reach_nothing(http: httpx.AsyncClient, node: str, listener: Listener) -> None:

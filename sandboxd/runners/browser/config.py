@@ -30,12 +30,20 @@ class BrowserRunnerConfig(RunnerConfig):
         4, ge=1, le=64, description="One-shot trajectories one browser runs at once (each in a fresh context)."
     )
     warm_contexts: int = Field(
-        2, ge=0, le=32, description="Fresh contexts kept ready per browser, so a step never waits for one."
+        4, ge=0, le=32, description="Clean contexts kept ready per browser, so a step never waits for one."
+    )
+    reuse_contexts: int = Field(
+        50,
+        ge=1,
+        description="One-shot trajectories a context serves (fully reset in between) before it is replaced; "
+        "1 = a brand-new context every time (~1 s of CPU more per trajectory).",
     )
     max_sessions_per_worker: int = Field(32, ge=1, description="Live browser sessions per browser; more is a 429.")
     memory_mb: int = Field(2048, ge=256, description="Memory cap (cgroup) of one browser's whole process tree.")
     pids_max: int = Field(512, ge=32, description="Process/thread cap (cgroup pids) of one browser.")
-    cpu_cores: float = Field(1.0, gt=0, le=64, description="CPU quota (cgroup cpu) of one browser, in cores.")
+    cpu_cores: float = Field(
+        2.0, gt=0, le=64, description="CPU quota (cgroup cpu) of one browser, in cores (a browser per 2 vCPUs)."
+    )
     shm_mb: int = Field(256, ge=16, description="Size of the browser's private /dev/shm.")
     tmpfs_mb: int = Field(256, ge=16, description="Size of the browser's private /tmp (profile, cache).")
     action_timeout_ms: int = Field(500, ge=10, le=60_000, description="Default time limit of one action.")

@@ -23,6 +23,7 @@ from playwright.async_api import Route
 SITE_SUFFIX = ".sandboxd"
 BUNDLED = {"shop": Path(__file__).parent / "sites" / "shop"}
 MAX_FILE_BYTES = 16 << 20
+BLANK_PATH = "/__sandboxd_blank__"  # an empty page on every site, for resetting a context between trajectories
 
 
 @dataclass
@@ -40,6 +41,13 @@ class Sites:
             if not root.is_dir():
                 raise ValueError(f"site {name!r}: {root} is not a directory")
         return cls(roots)
+
+    def origin_of(self, url: str) -> str | None:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        if parts.scheme == "http" and host.endswith(SITE_SUFFIX) and host[: -len(SITE_SUFFIX)] in self.roots:
+            return f"http://{host}"
+        return None
 
     def url(self, site: str, path: str) -> str:
         if site not in self.roots:
@@ -68,6 +76,9 @@ class Sites:
         if parts.scheme != "http" or site not in self.roots or parts.port not in (None, 80):
             self.blocked += 1
             await route.abort("blockedbyclient")
+            return
+        if parts.path == BLANK_PATH:
+            await route.fulfill(status=200, body=b"<!doctype html><title></title>", content_type="text/html")
             return
         found = self._file(site, parts.path)
         self.served += 1
