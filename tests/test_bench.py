@@ -41,6 +41,8 @@ def test_prices_scale_by_vcpu_and_unknown_types_cost_nothing() -> None:
     assert pricing.cost_per_1k(3.6, 1.0) == 1.0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(450)
 def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
@@ -49,6 +51,7 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
         "bench",
         "B1",
         "B3",
+        "B4",
         "B5",
         "B7",
         "B8",
@@ -59,7 +62,7 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
         "--instance-type",
         "c7i.large",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "FAILED" not in proc.stdout, proc.stdout
     (run_dir,) = list((tmp_path / Path(__import__("platform").machine())).iterdir())
@@ -103,6 +106,11 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
     assert b3["throughput"]["trajectories_per_sec"] > 0 and b3["latency_ms"]["errors"] == 0
     assert b3["extra"]["pass_rate"] == 1.0 and 10 <= b3["extra"]["avg_steps_per_trajectory"] <= 14
     assert b3["extra"]["per_template_latency_ms"]
+
+    b4 = json.loads((run_dir / "B4_browser" / "c0004.json").read_text())
+    assert b4["throughput"]["trajectories_per_sec"] > 0 and b4["throughput"]["actions_per_sec"] > 0
+    assert b4["latency_ms"]["errors"] == 0 and b4["duration_sec"] >= 12
+    assert 0 <= b4["extra"]["selector_miss_rate"] < 0.5 and b4["extra"]["trajectory_pool_size"] == 80
 
     b5 = json.loads((run_dir / "B5_sqlexec" / "c0004.json").read_text())
     assert b5["throughput"]["queries_per_sec"] > 0 and b5["extra"]["pass_rate"] == 1.0

@@ -141,12 +141,14 @@ def run_timed(
 ) -> dict[str, Any]:
     """One time-driven level of a closed-loop workload (B1, B7, ...)."""
     wl = WORKLOADS[wl_id]
-    progress.begin(f"{wl_id} c={c}", plan.warmup + plan.duration)
+    # A window shorter than a few units measures nothing (a B4 trajectory takes 1-3 s): stretch it.
+    duration = max(plan.duration, wl.min_duration_s)
+    progress.begin(f"{wl_id} c={c}", plan.warmup + duration)
     ncpu = instance["vcpus"]
     seed = wl.seed_base ^ c
-    with Sampler(delay_s=plan.warmup, window_s=plan.duration) as sampler:
-        s = loadgen.run_level(wl_id, target, c, plan.warmup, plan.duration, seed=seed)
-    throughput = wl.throughput(s, plan.duration)
+    with Sampler(delay_s=plan.warmup, window_s=duration) as sampler:
+        s = loadgen.run_level(wl_id, target, c, plan.warmup, duration, seed=seed)
+    throughput = wl.throughput(s, duration)
     primary = float(throughput[wl.throughput_key])
     extra = {
         **wl.extra(s),
@@ -161,10 +163,10 @@ def run_timed(
         "workload": wl.name,
         "instance": instance,
         "concurrency": c,
-        "duration_sec": plan.duration,
+        "duration_sec": duration,
         "throughput": throughput,
         "latency_ms": summary(s.latencies_ms, s.errors),
-        "resource": sampler.result(s.client_cpu_s, plan.duration, ncpu),
+        "resource": sampler.result(s.client_cpu_s, duration, ncpu),
         "cost": _cost(instance, primary),
         "extra": extra,
         "timestamp": _timestamp(),

@@ -87,6 +87,7 @@ class Workload:
     mode: ClassVar[Literal["timed", "trials"]] = "timed"
     listed: ClassVar[bool] = True
     runners: ClassVar[tuple[str, ...]] = ()  # the kinds an embedded node must enable for it
+    min_duration_s: ClassVar[float] = 0.0  # a shorter measure window (smoke) is stretched to this
 
     def setup(self, options: dict[str, Any]) -> Any:
         """Build what every loop draws from (once per load process)."""
@@ -325,6 +326,7 @@ class Browser(Workload):
     rate_unit = "traj/s"
     throughput_key, seed_base = "trajectories_per_sec", 0xB4
     runners: ClassVar[tuple[str, ...]] = ("browser",)
+    min_duration_s = 12.0
     seed = 42
 
     def setup(self, options: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
