@@ -4,7 +4,7 @@ A kind is registered in one line here (built-in) or, without editing sandboxd,
 in the ``sandboxd.runners`` entry-point group of any installed distribution::
 
     [project.entry-points."sandboxd.runners"]
-    browser = "mypkg.browser:KIND"
+    terminal = "mypkg.terminal:KIND"
 
 Everything else derives from it: the settings model (one nested section per
 kind), validation of ``runners=[...]``, the action and observation schemas of

