@@ -109,6 +109,15 @@ class Workload:
         return {}
 
 
+def pool_breakdown(pool: list[tuple[str, list[Any]]], templates: dict[str, int], seed: int, avg: str) -> dict[str, Any]:
+    """How a seeded pool of trajectories is made up, in the public suite's keys."""
+    mean = round(sum(len(x) for _, x in pool) / len(pool), 2)
+    return {
+        "trajectory_pool_size": len(pool),
+        "trajectory_breakdown": {"templates": templates, "seed": seed, avg: mean},
+    }
+
+
 async def step(loop: Loop, body: dict[str, Any]) -> tuple[int, Any]:
     return await loop.conn.request("POST", "/rollout/step", body)
 
@@ -237,14 +246,8 @@ class ToolCall(Workload):
     def extra(self, s: Samples) -> dict[str, Any]:
         from sandboxd.bench.trajectories import TEMPLATES
 
-        pool = self.setup({})
         return {
-            "trajectory_pool_size": len(pool),
-            "trajectory_breakdown": {
-                "templates": TEMPLATES,
-                "seed": 42,
-                "avg_steps": round(sum(len(x) for _, x in pool) / len(pool), 2),
-            },
+            **pool_breakdown(self.setup({}), TEMPLATES, 42, "avg_steps"),
             "avg_steps_per_trajectory": round(s.steps / s.ops, 2) if s.ops else None,
             "pass_rate": s.pass_rate,
             "per_template_latency_ms": {k: summary(v) for k, v in sorted(s.channels.items())},
@@ -353,14 +356,8 @@ class Browser(Workload):
     def extra(self, s: Samples) -> dict[str, Any]:
         from sandboxd.bench.browser_trajectories import TEMPLATES
 
-        pool = self.setup({})
         return {
-            "trajectory_pool_size": len(pool),
-            "trajectory_breakdown": {
-                "templates": TEMPLATES,
-                "seed": self.seed,
-                "avg_actions": round(sum(len(a) for _, a in pool) / len(pool), 2),
-            },
+            **pool_breakdown(self.setup({}), TEMPLATES, self.seed, "avg_actions"),
             "selector_miss_rate": round(s.misses / s.steps, 4) if s.steps else None,
             "steps_done_total": s.steps - s.misses,
             "steps_failed_total": s.misses,
