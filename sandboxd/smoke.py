@@ -27,6 +27,19 @@ PROGRAMS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
+# One real step per other kind the node serves, and what to print of its observation.
+KIND_DEMOS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "tools": ("retail API: find a user", {"tool": "find_user_id_by_email", "args": {"email": "nobody@x.io"}}, "error"),
+    "sql": ("TPC-H Q6 on DuckDB", {"tpch": 6}, "rows"),
+    "textgame": ("10 text-game episodes", {"op": "episodes", "seed": 1, "steps": 40, "batch": 10}, "total_reward"),
+    "browser": (
+        "jailed Chromium: shop",
+        {"actions": [{"action": "goto", "path": "/"}, {"action": "text", "selector": "#page-info"}]},
+        "url",
+    ),
+}
+
+
 def _line(name: str, r: dict[str, Any]) -> str:
     obs = r.get("observation") or {}
     err = r.get("error") or {}
@@ -51,6 +64,18 @@ async def run_smoke(base_url: str, load_s: float = 5.0, concurrency: int = 8) ->
                 r = await s.run_python(code)
                 print(_line(code.splitlines()[0], r))
                 healthy = healthy and r.get("ok") is True
+        kinds = (await c.http.get("/runners")).json().get("runners", [])
+        others = [k for k in KIND_DEMOS if k in kinds]
+        if others:
+            print("other runner kinds on this node:")
+        for kind in others:
+            name, action, key = KIND_DEMOS[kind]
+            r = await c.step(kind, action, timeout_s=30)
+            shown = str((r.get("observation") or {}).get(key))[:60]
+            err = (r.get("error") or {}).get("blame", "-")
+            took = r.get("latency_ms", 0)
+            print(f"  {name:<28} status={r.get('status')} blame={err:<8} {took:7.1f} ms  {key}={shown}")
+            healthy = healthy and r.get("status") == 200 and err in ("-", "program")
         if load_s > 0:
             lat: list[float] = []
             failures = 0
