@@ -38,7 +38,13 @@ class BrowserRunnerConfig(RunnerConfig):
         description="One-shot trajectories a context serves (fully reset in between) before it is replaced; "
         "1 = a brand-new context every time (~1 s of CPU more per trajectory).",
     )
-    max_sessions_per_worker: int = Field(32, ge=1, description="Live browser sessions per browser; more is a 429.")
+    max_sessions_per_worker: int = Field(
+        16,
+        ge=1,
+        description="Live browser sessions per browser; more is a 429. Measured ~75 MiB per session on a shop "
+        "page (+~350 MiB for the browser and its pool): 16 fit the default memory_mb with room to spare, so one "
+        "session's page is never OOM-killed because of its neighbours.",
+    )
     memory_mb: int = Field(2048, ge=256, description="Memory cap (cgroup) of one browser's whole process tree.")
     pids_max: int = Field(512, ge=32, description="Process/thread cap (cgroup pids) of one browser.")
     cpu_cores: float = Field(
