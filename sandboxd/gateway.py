@@ -19,6 +19,7 @@ from collections import Counter
 from typing import Any
 
 import orjson
+from pydantic import BaseModel
 
 from sandboxd.api.models import ErrorInfo, SessionCreate, SessionInfo, StepRequest, StepResult
 from sandboxd.config import NodeSettings, make_runtime_dir
@@ -34,13 +35,22 @@ from sandboxd.errors import (
 )
 from sandboxd.metrics import Metrics
 from sandboxd.registry import kinds
-from sandboxd.runners.base import RunnerKind, StepLimits, WireOutcome, validation_message
+from sandboxd.runners.base import RunnerKind, StepLimits, WireOutcome
 from sandboxd.scheduler import Scheduler
 from sandboxd.stores.idempotency import IdempotencyStore, MemoryIdempotencyStore, fingerprint
 from sandboxd.stores.sessions import MemorySessionStore, SessionRecord, SessionStore, new_session_id
 from sandboxd.supervisor import Supervisor, WorkerHandle
 
 log = logging.getLogger("sandboxd.gateway")
+
+
+def as_json(value: Any, what: str) -> bytes:
+    """``value`` as JSON, or the client's error: lone surrogates, integers above 64 bits and nesting past
+    254 levels cannot cross to a worker, and must not surface there as a server error."""
+    try:
+        return orjson.dumps(value.model_dump(mode="json") if isinstance(value, BaseModel) else value)
+    except (orjson.JSONEncodeError, ValueError, RecursionError) as exc:
+        raise BadRequest(f"{what} cannot be carried as JSON: {exc}") from None
 
 
 class Gateway:
@@ -179,10 +189,7 @@ class Gateway:
         action = kind.parse_action(req.action)
         limits = self._limits(req)
         cfg = self.settings.runner_config(req.runner)
-        try:
-            raw = orjson.dumps(action.model_dump(mode="json"))
-        except (orjson.JSONEncodeError, ValueError, RecursionError) as exc:
-            raise BadRequest(f"action cannot be carried as JSON: {exc}") from None
+        raw = as_json(action, "action")
         if len(raw) > cfg.max_action_bytes:
             raise PayloadTooLarge(
                 f"action is {len(raw)} bytes as JSON; runner {req.runner!r} takes at most {cfg.max_action_bytes}"
@@ -322,18 +329,8 @@ class Gateway:
     # ------------------------------------------------------------------ sessions
 
     async def create_session(self, req: SessionCreate, tenant: str) -> SessionInfo:
-        kind = self.kind(req.runner)
-        if kind.session_options is not None:
-            from pydantic import ValidationError
-
-            try:
-                kind.session_options.model_validate(req.options)
-            except ValidationError as exc:
-                raise BadRequest(validation_message(exc, "options")) from None
-        try:
-            orjson.dumps(req.options)
-        except (orjson.JSONEncodeError, ValueError, RecursionError) as exc:
-            raise BadRequest(f"options cannot be carried as JSON: {exc}") from None
+        self.kind(req.runner).parse_options(req.options)
+        as_json(req.options, "options")
         if req.idempotency_key:
             fp = fingerprint(req.model_dump(exclude={"idempotency_key"}))
             info: SessionInfo = await self.idem.run(

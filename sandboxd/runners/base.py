@@ -177,12 +177,12 @@ class RunnerKind:
 
     def parse_action(self, raw: dict[str, Any]) -> BaseModel:
         """The action as the kind's model; a ``BadRequest`` naming each bad field otherwise."""
-        from pydantic import ValidationError
+        return _parse(self.action, raw, "action")
 
-        try:
-            return self.action.model_validate(raw)
-        except ValidationError as exc:
-            raise BadRequest(validation_message(exc, "action")) from None
+    def parse_options(self, raw: dict[str, Any]) -> None:
+        """Session options checked against the kind's model, when it declares one (others ignore options)."""
+        if self.session_options is not None:
+            _parse(self.session_options, raw, "options")
 
     def hosted_by(self, worker_index: int, config: RunnerConfig) -> bool:
         """Placement: does worker ``worker_index`` run an instance of this kind?"""
@@ -197,6 +197,15 @@ def refuse_at_session_cap(kind: str, held: int, cap: int, session_id: str, retry
             retry_after_s=retry_after_s,
             session_id=session_id,
         )
+
+
+def _parse(model: type[BaseModel], raw: dict[str, Any], prefix: str) -> BaseModel:
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise BadRequest(validation_message(exc, prefix)) from None
 
 
 def validation_message(exc: Any, prefix: str) -> str:
