@@ -184,8 +184,7 @@ class PythonRunner:
                         slot.next_executor.cancel()
                         slot.next_executor = None
                     with contextlib.suppress(SandboxSetupError, OSError, wire.WireError):
-                        await slot.jail.stop()
-                        await self._ensure_jail(slot.jail)
+                        await self._ensure_jail(slot.jail)  # it stops what is left of the dead jail first
                         slot.next_executor = asyncio.create_task(self._spawn(slot.jail))
             finally:
                 self.free.put_nowait(slot)
