@@ -40,8 +40,10 @@ def _serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"sandboxd serve: invalid settings:\n{exc}", file=sys.stderr)
         return EXIT_USAGE
+    from sandboxd.serving import DrainingServer
+
     app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -53,6 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
         limit_concurrency=settings.max_connections,
         timeout_keep_alive=30,
     )
+    DrainingServer(config, app.state.gateway).run()
     return EXIT_OK
 
 

@@ -76,6 +76,12 @@ class NodeSettings(BaseSettings):
         10.0, gt=0, description="A worker that does not answer a ping this long is replaced."
     )
     shutdown_grace_s: float = Field(10.0, ge=0, description="On shutdown, running steps get this long to finish.")
+    shutdown_drain_s: float = Field(
+        0.0,
+        ge=0,
+        description="After SIGTERM, keep the port open at least this long, answering new work with 503 "
+        "shutting_down and /readyz with 503, so load balancers see the node leave (Kubernetes: a few seconds).",
+    )
     runtime_dir: str = Field(
         "",
         description="Scratch directory (sockets, jail logs); empty = a new private directory (0700, random name) "

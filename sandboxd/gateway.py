@@ -30,6 +30,7 @@ from sandboxd.errors import (
     Saturated,
     SessionBusy,
     SessionLost,
+    ShuttingDown,
     UnknownRunner,
     WorkerDied,
 )
@@ -79,6 +80,7 @@ class Gateway:
         self._own_runtime_dir = not settings.runtime_dir
         self.inflight = 0
         self.started = False
+        self.draining = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -98,9 +100,15 @@ class Gateway:
             self.settings.runners,
         )
 
-    async def stop(self) -> None:
+    def begin_drain(self) -> None:
+        """Stop taking work but keep answering: new steps and sessions get 503 ``shutting_down`` (retry on
+        another node) and /readyz 503, while the steps in flight finish (``stop`` then waits for them)."""
+        self.draining = True
         if self.scheduler is not None:
             self.scheduler.close()
+
+    async def stop(self) -> None:
+        self.begin_drain()
         deadline = time.monotonic() + self.settings.shutdown_grace_s
         while self.inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -143,9 +151,13 @@ class Gateway:
             for w in self.supervisor.workers
         ]
         # A worker is ready when it is up and every runner says its pools are whole (e.g. no dead jail).
-        ok = self.started and all(
-            w.alive and all(h.get("ready", True) for h in (w.health.get("runners") or {}).values())
-            for w in self.supervisor.workers
+        ok = (
+            self.started
+            and not self.draining
+            and all(
+                w.alive and all(h.get("ready", True) for h in (w.health.get("runners") or {}).values())
+                for w in self.supervisor.workers
+            )
         )
         body = {
             "ready": ok,
@@ -153,6 +165,7 @@ class Gateway:
             "pid": os.getpid(),
             "workers": workers,
             "sessions": await self.sessions.count(),
+            "draining": self.draining,
         }
         return ok, body
 
@@ -343,6 +356,8 @@ class Gateway:
         return await self._create_session(req, tenant)
 
     async def _create_session(self, req: SessionCreate, tenant: str) -> SessionInfo:
+        if self.draining:
+            raise ShuttingDown("this node is shutting down; create the session on another node")
         s = self.settings
         held = await self.sessions.count(tenant=tenant)
         if held >= s.tenant_max_sessions:

@@ -135,6 +135,16 @@ async def test_sigterm_to_every_process_drains_running_steps() -> None:
             await asyncio.sleep(0.5)
             for pid in [ready["pid"], *(w["pid"] for w in ready["workers"])]:
                 os.kill(pid, signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            # Draining: the port stays open; new work is told to go elsewhere, not refused a connection.
+            async with httpx.AsyncClient(base_url=base, timeout=30) as fresh:
+                late = await fresh.post("/rollout/step", json=fake({"echo": "late"}))
+                assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down", late.text
+                assert late.json()["error"]["blame"] == "infra"
+                made = await fresh.post("/sessions", json={"runner": "fake"})
+                assert made.status_code == 503 and made.json()["error"]["code"] == "shutting_down", made.text
+                probe = await fresh.get("/readyz")
+                assert probe.status_code == 503 and probe.json()["draining"] is True
             r = await step
             assert r.status_code == 200 and r.json()["observation"]["echo"] == "finished", r.text
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,14 @@ from tests.conftest import running_node, step_ok
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data_dir = tmp_path_factory.mktemp("tpch")
-    with running_node(runners='["sql"]', workers=2, sql__scale_factor=0.01, sql__data_dir=str(data_dir)) as base:
+    with running_node(
+        runners='["sql"]',
+        workers=2,
+        sql__scale_factor=0.01,
+        sql__data_dir=str(data_dir),
+        sql__memory_mb=256,
+        sql__temp_mb=128,
+    ) as base:
         yield base
 
 
@@ -76,3 +85,124 @@ async def test_rows_are_capped_and_errors_are_observations(http: httpx.AsyncClie
     assert bad.status_code == 422 and "exactly one" in bad.json()["error"]["message"]
     bad = await http.post("/rollout/step", json={"runner": "sql", "action": {"tpch": 23}})
     assert bad.status_code == 422 and "action.tpch" in bad.json()["error"]["message"]
+
+
+# ---------------------------------------------------------------- one engine process per slot and session
+
+
+async def open_session(http: httpx.AsyncClient) -> str:
+    r = await http.post("/sessions", json={"runner": "sql"})
+    assert r.status_code == 201, r.text
+    sid: str = r.json()["session_id"]
+    return sid
+
+
+def engines() -> dict[int, str]:
+    """Engine processes (not their fork servers) of every node on this host: pid -> working directory."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"sandboxd.runners.sql.engine" in cmd and Path(f"/proc/{pid}/status").read_text().count("65534") >= 2:
+                out[int(pid)] = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+    return out
+
+
+def worker_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def test_a_statement_past_its_memory_limit_ends_only_its_own_engine(http: httpx.AsyncClient) -> None:
+    victims = [await open_session(http) for _ in range(3)]
+    for v in victims:
+        assert (await sql(http, {"query": "CREATE TEMP TABLE mine AS SELECT 7 AS v"}, v))["ok"]
+    bomb = "SELECT len(range(1000000000))"  # DuckDB's own memory_limit does not see this list
+    r = await sql(http, {"query": bomb}, timeout_s=20)
+    assert r["error"]["code"] == "program_killed" and r["error"]["blame"] == "program", r
+    assert "memory limit" in r["observation"]["error"]
+    s = await open_session(http)
+    r = await sql(http, {"query": bomb}, s, timeout_s=20)
+    assert r["error"]["code"] == "program_killed" and r["error"]["blame"] == "program", r
+    gone = await http.post("/rollout/step", json={"runner": "sql", "action": {"query": "SELECT 1"}, "session_id": s})
+    assert gone.status_code == 404 and "killed" in gone.json()["error"]["message"], gone.text
+    for v in victims:
+        assert (await sql(http, {"query": "SELECT v FROM mine"}, v))["observation"]["rows"] == [[7]]
+    for w in (await http.get("/readyz")).json()["workers"]:
+        assert worker_rss_mb(w["pid"]) < 300  # the worker itself never held the statement's memory
+    assert (await sql(http, {"query": "SELECT 1"}))["observation"]["rows"] == [[1]]
+
+
+async def test_a_statement_that_ignores_its_interrupt_ends_only_its_own_engine(http: httpx.AsyncClient) -> None:
+    stuck = "SELECT levenshtein(repeat('a', 100000), repeat('b', 100000))"
+    victims = [await open_session(http) for _ in range(3)]
+    for v in victims:
+        assert (await sql(http, {"query": "CREATE TEMP TABLE mine AS SELECT 7 AS v"}, v))["ok"]
+    s = await open_session(http)
+    t = time.monotonic()
+    hogs = [
+        asyncio.ensure_future(sql(http, {"query": stuck}, timeout_s=0.5)),
+        asyncio.ensure_future(sql(http, {"query": stuck}, s, timeout_s=0.5)),
+    ]
+    await asyncio.sleep(0.2)
+    quick = await sql(http, {"query": "SELECT 42"})
+    assert quick["observation"]["rows"] == [[42]] and time.monotonic() - t < 1.5
+    for r in await asyncio.gather(*hogs):
+        assert r["error"]["code"] == "program_timeout" and r["error"]["blame"] == "program", r
+        assert r["observation"]["timed_out"] is True
+    assert time.monotonic() - t < 6  # timeout + grace, not the statement's minutes
+    gone = await http.post("/rollout/step", json={"runner": "sql", "action": {"query": "SELECT 1"}, "session_id": s})
+    assert gone.status_code == 404, gone.text
+    for v in victims:
+        assert (await sql(http, {"query": "SELECT v FROM mine"}, v))["observation"]["rows"] == [[7]]
+    assert (await sql(http, {"query": "SELECT sum(v) FROM mine"}, victims[0]))["ok"]
+
+
+async def test_spill_is_private_bounded_and_removed(http: httpx.AsyncClient) -> None:
+    before = set(engines())
+    a, b = await open_session(http), await open_session(http)
+    mine = {pid: cwd for pid, cwd in engines().items() if pid not in before}
+    assert len(mine) == 2 and len(set(mine.values())) == 2, mine  # a directory of its own per engine
+
+    def fill(offset: int) -> str:
+        return f"CREATE TEMP TABLE t AS SELECT range + {offset} AS a, md5(range::VARCHAR) AS b FROM range(2000000)"
+
+    made = await asyncio.gather(sql(http, {"query": fill(0)}, a), sql(http, {"query": fill(10**9)}, b))
+    assert all(r["ok"] for r in made), made
+    q = "SELECT sum(a), count(DISTINCT b) FROM t"  # the distinct set outgrows memory (192 MiB): it spills
+    sums = await asyncio.gather(sql(http, {"query": q}, a), sql(http, {"query": q}, b))
+    n = 2_000_000
+    assert sums[0]["observation"]["rows"] == [[n * (n - 1) // 2, n]], sums[0]
+    assert sums[1]["observation"]["rows"] == [[n * (n - 1) // 2 + 10**9 * n, n]], sums[1]
+    spilled = await sql(http, {"query": "SELECT count(*) FROM duckdb_temporary_files()"}, a)
+    assert spilled["observation"]["rows"][0][0] > 0, spilled  # it did spill, into its own directory
+    # Past the engine's spill budget (temp_mb 128) a statement fails on its own; nothing grows on disk.
+    big = "CREATE TEMP TABLE u AS SELECT range AS a, md5(range::VARCHAR) || md5((range + 1)::VARCHAR) AS b FROM range(40000000)"
+    r = await sql(http, {"query": big}, a, timeout_s=60)
+    assert r["error"]["code"] == "program_killed" and r["error"]["blame"] == "program", r
+    assert "spill limit" in r["observation"]["error"]
+    assert (await sql(http, {"query": "SELECT count(*) FROM t"}, b))["observation"]["rows"] == [[n]]
+    assert (await http.delete(f"/sessions/{a}")).status_code == 404  # it ended with that statement
+    assert (await http.delete(f"/sessions/{b}")).status_code == 204
+    for cwd in mine.values():
+        assert not Path(cwd).exists(), cwd
+    assert not set(engines()) & set(mine)
+
+
+async def test_engines_are_unprivileged_and_offline(http: httpx.AsyncClient) -> None:
+    s = await open_session(http)
+    host_net = os.readlink("/proc/self/ns/net")
+    host_ipc = os.readlink("/proc/self/ns/ipc")
+    try:
+        assert engines()
+        for pid in engines():
+            status = Path(f"/proc/{pid}/status").read_text()
+            assert "NoNewPrivs:\t1" in status and "CapEff:\t0000000000000000" in status, status
+            assert os.readlink(f"/proc/{pid}/ns/net") != host_net
+            assert os.readlink(f"/proc/{pid}/ns/ipc") != host_ipc
+    finally:
+        await http.delete(f"/sessions/{s}")

@@ -17,7 +17,7 @@ DB = data.build()
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[str]:
-    with running_node(runners='["tools"]', workers=2) as base:
+    with running_node(runners='["tools"]', workers=2, tools__max_session_records=20) as base:
         yield base
 
 
@@ -90,6 +90,36 @@ async def test_buying_places_an_order_in_the_session(http: httpx.AsyncClient) ->
         assert order["order_id"] in details["observation"]["result"]["orders"]
         cart = await call(http, "view_cart", {"user_id": user["user_id"]}, sid)
         assert cart["observation"]["result"]["items"] == []
+    finally:
+        await http.delete(f"/sessions/{sid}")
+
+
+async def test_a_session_cannot_grow_without_bound(http: httpx.AsyncClient) -> None:
+    """What a session writes stays in the worker for its lifetime: records, quantities and strings are capped."""
+    user = next(iter(DB.users.values()))
+    item = next(v for p in DB.products.values() for v in p["variants"].values() if v["available"])
+    sid = (await http.post("/sessions", json={"runner": "tools"})).json()["session_id"]
+    try:
+        add = {"user_id": user["user_id"], "item_id": item["item_id"], "quantity": 10}
+        assert (await call(http, "add_to_cart", add, sid))["ok"]
+        again = await call(http, "add_to_cart", add, sid)
+        assert again["ok"] is False and "at most 10" in again["observation"]["error"]
+        pay = {"user_id": user["user_id"], "payment_method_id": user["payment_methods"][0]}
+        assert (await call(http, "place_order", pay, sid))["ok"]
+        placed = 1
+        for _ in range(25):  # each order is a record of the session's own; the node allows 20
+            if not (await call(http, "add_to_cart", {**add, "quantity": 1}, sid))["ok"]:
+                break
+            r = await call(http, "place_order", pay, sid)
+            if not r["ok"]:
+                assert r["error"]["blame"] == "program" and "maximum" in r["observation"]["error"], r
+                break
+            placed += 1
+        assert 10 <= placed < 20, placed
+        long = await call(http, "find_user_id_by_email", {"email": "x" * 5000}, sid)
+        assert long["ok"] is False and "at most 4096" in long["observation"]["error"]
+        assert (await call(http, "reset", {}, sid))["ok"]  # a reset gives the room back
+        assert (await call(http, "add_to_cart", {**add, "quantity": 1}, sid))["ok"]
     finally:
         await http.delete(f"/sessions/{sid}")
 

@@ -5,7 +5,8 @@
 Without --target it starts a node on loopback (all kinds, 2 workers) and stops
 it after. Honest loops run python one-shots and sessions, tools trajectories,
 TPC-H queries, textgame episodes and session churn, and check every answer;
-hostile loops send memory and fork bombs, infinite loops, output floods,
+hostile loops send memory and fork bombs (python and SQL), SQL that ignores
+its interrupt or spills without end, infinite loops, output floods,
 programs that close stdout and sleep, SysV segments and /dev plants, and
 malformed, oversized and unrepresentable requests, and check that each is
 blamed on the program or the client, never on the infrastructure. Every
@@ -49,6 +50,14 @@ HOSTILE_PROGRAMS: list[tuple[str, str, dict[str, Any]]] = [
         {},
     ),
 ]
+# Statements that hurt the engine running them: its memory cgroup, its interrupt, its spill budget.
+HOSTILE_SQL: list[tuple[str, str, float]] = [
+    ("sql memory bomb", "SELECT len(range(1000000000))", 20.0),
+    ("sql ignores interrupt", "SELECT levenshtein(repeat('a', 100000), repeat('b', 100000))", 0.5),
+    ("sql spill bomb", "CREATE TEMP TABLE u AS SELECT md5(range::VARCHAR) AS b FROM range(60000000)", 60.0),
+    ("sql host file", "SELECT * FROM read_text('/etc/hostname')", 5.0),
+]
+
 BAD_REQUESTS: list[tuple[str, bytes]] = [
     ("lone surrogate", b'{"runner": "python", "action": {"code": "print(1) # \\ud800"}}'),
     ("unknown runner", b'{"runner": "nope", "action": {}}'),
@@ -156,7 +165,10 @@ class Soak:
         async with httpx.AsyncClient(base_url=self.base, timeout=120) as c:
             while time.monotonic() < self.stop_at:
                 self.t.hostile += 1
-                if rng.random() < 0.7:
+                roll = rng.random()
+                if roll < 0.2:
+                    await self.hostile_sql(c, rng)
+                elif roll < 0.7:
                     name, code, extra = rng.choice(HOSTILE_PROGRAMS)
                     session = rng.random() < 0.3
                     sid = None
@@ -177,6 +189,21 @@ class Soak:
                     r = await c.post("/rollout/step", content=raw, headers={"content-type": "application/json"})
                     if r.status_code >= 500 or r.json().get("error", {}).get("blame") != "client":
                         self.t.fail(name, f"{r.status_code} {r.text[:200]}", honest=False)
+
+    async def hostile_sql(self, c: httpx.AsyncClient, rng: random.Random) -> None:
+        name, query, timeout_s = rng.choice(HOSTILE_SQL)
+        sid = None
+        if rng.random() < 0.5:
+            r = await c.post("/sessions", json={"runner": "sql"})
+            sid = r.json()["session_id"] if r.status_code == 201 else None
+        body: dict[str, Any] = {"runner": "sql", "action": {"query": query}, "timeout_s": timeout_s}
+        if sid:
+            body["session_id"] = sid
+        status, res = await self.step(c, body)
+        if status != 200 or (res.get("error") or {}).get("blame") != "program":
+            self.t.fail(name, f"{status} {res.get('error')}", honest=False)
+        if sid:
+            await c.delete(f"/sessions/{sid}")
 
 
 def _tree(root: int) -> list[int]:

@@ -6,26 +6,46 @@ from pydantic import Field
 
 from sandboxd.runners.base import RunnerConfig
 
+DUCKDB_HEADROOM_MB = 64  # of an engine's cgroup memory, kept for the interpreter around DuckDB
+
 
 class SQLRunnerConfig(RunnerConfig):
-    """DuckDB over shared read-only TPC-H data (B5)."""
+    """DuckDB over shared read-only TPC-H data (B5), one engine process per one-shot slot and per session."""
 
     slots_per_worker: int = Field(4, ge=1, description="Concurrent one-shot SQL statements per worker.")
-    max_sessions_per_worker: int = Field(1024, ge=1, description="Live SQL sessions (connections) per worker.")
+    max_sessions_per_worker: int = Field(
+        256,
+        ge=1,
+        description="Live SQL sessions per worker; each is an engine process (~14 MiB PSS after a TPC-H query).",
+    )
     scale_factor: float = Field(
         0.1, gt=0, le=100, description="TPC-H scale factor (1 for the full B5; 0.1 builds in ~3 s)."
     )
     data_dir: str = Field(
         "/var/tmp/sandboxd/tpch", description="Where the generated TPC-H database is kept and reused."
     )
-    threads: int = Field(
-        1, ge=1, description="DuckDB threads per worker's database (concurrency comes from many statements)."
+    threads: int = Field(1, ge=1, description="DuckDB threads per engine (concurrency comes from many engines).")
+    memory_mb: int = Field(
+        512,
+        ge=128,
+        description="Memory cap (cgroup) of one engine, a one-shot slot or a session; DuckDB's own "
+        f"memory_limit is {DUCKDB_HEADROOM_MB} MiB less. A statement past it ends its engine.",
     )
-    memory_mb: int = Field(1024, ge=64, description="DuckDB memory limit per worker.")
+    pids_max: int = Field(64, ge=8, description="Processes and threads of one engine at most.")
+    cpu_cores: float = Field(1.0, gt=0, description="CPU quota of one engine, in cores.")
     max_rows: int = Field(1000, ge=1, description="Rows returned per statement at most; the result says truncated.")
     max_result_bytes: int = Field(
         4 << 20, ge=1024, description="Bytes of result rows (as JSON) returned per statement at most; truncated past."
     )
     temp_mb: int = Field(
-        512, ge=0, description="Disk DuckDB may spill to per worker (its own private directory); 0 = no spilling."
+        256,
+        ge=0,
+        description="Disk one engine may spill to (its own private directory, removed with it); 0 = no spilling.",
     )
+    interrupt_grace_s: float = Field(
+        1.0,
+        gt=0,
+        le=30,
+        description="How long a statement interrupted at its timeout may take to stop before its engine is killed.",
+    )
+    cgroup_mount: str = Field("/sys/fs/cgroup", description="Where the cgroup file systems are mounted.")

@@ -1,64 +1,61 @@
-"""SQL runner: DuckDB over shared read-only TPC-H data, one connection per session.
+"""SQL runner: DuckDB over shared read-only TPC-H data, in engine processes the worker can kill.
 
-One database instance per worker, opened read-only with external access off
-(no files, no network, no extension loading) and its configuration locked, so
-no statement can read ``/etc/passwd`` through ``read_csv``, ATTACH a file or
-change a setting. Each session gets its own connection (``cursor()``: temp
-tables and prepared state are per connection); a one-shot step gets a fresh
-one that is closed after it. Statements run in a thread (DuckDB releases the
-GIL) and are interrupted at their timeout; results are capped in rows.
+Each one-shot slot and each session is an engine process of its own (see
+``engine.py``), in a cgroup with the kind's memory, pids and CPU limits and a
+private spill directory. A one-shot statement runs on a fresh connection of a
+warm slot engine (its temp tables die with the connection; the engine's cache
+of the read-only data stays warm); a session keeps one connection in its own
+engine. A statement that ignores its interrupt, or outgrows the memory limit,
+ends its own engine only: a slot is replaced in the background, a session ends
+with that step. Nothing a statement does reaches another slot, session or the
+worker.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import datetime
-import decimal
-import time
+import itertools
 from pathlib import Path
 from typing import Any
 
-import duckdb
-import orjson
-
-from sandboxd.errors import SandboxSetupError, UnknownSession
+from sandboxd.errors import SandboxSetupError, SessionLost, UnknownSession
 from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
+from sandboxd.runners.cgroups import CgroupRoot
+from sandboxd.runners.jailconf import JAIL_UID
 from sandboxd.runners.sql import data
-from sandboxd.runners.sql.config import SQLRunnerConfig
+from sandboxd.runners.sql.config import DUCKDB_HEADROOM_MB, SQLRunnerConfig
+from sandboxd.runners.sql.engines import Engine, EngineGone, EngineHost
 from sandboxd.runners.sql.models import SQLAction, SQLObservation
 
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, decimal.Decimal):
-        return float(v)
-    if isinstance(v, (datetime.date, datetime.datetime, datetime.time, datetime.timedelta)):
-        return v.isoformat() if hasattr(v, "isoformat") else str(v)
-    if isinstance(v, (bytes, bytearray)):
-        return v.hex()
-    return v
-
-
-INTERRUPT_GRACE_S = 5.0  # how long an interrupted statement may take to stop before it counts as stuck
+ANSWER_MARGIN_S = 2.0  # past timeout + grace, an engine that has not answered is killed by the worker
+REFILL_BACKOFF_S = 1.0
+SPILL_POLL_S = 0.1  # a statement spilling at ~1 GB/s overshoots the budget by at most ~100 MB
 
 
 class SQLRunner:
     def __init__(self, cfg: SQLRunnerConfig, ctx: RunnerContext) -> None:
         self.cfg = cfg
-        # Private to this worker: spilled blocks of one worker's statements are never another's.
-        self.temp_dir = ctx.runtime_dir / ctx.name / "duckdb-tmp"
-        # Statements run on threads of their own, so one that ignores its interrupt cannot starve the
-        # worker's other blocking work (cgroup clean-up runs on the default pool).
-        self.pool = concurrent.futures.ThreadPoolExecutor(cfg.slots_per_worker + 16, thread_name_prefix="duckdb")
-        self.stuck = 0  # statements that ignored their interrupt and still run
-        self._stuck_cons: set[int] = set()
-        self.db: duckdb.DuckDBPyConnection | None = None
+        self.name = ctx.name
+        # Private to this worker, and each engine spills into a directory of its own below it.
+        self.temp_root = ctx.runtime_dir / ctx.name / "duckdb-tmp"
+        self.host: EngineHost | None = None
+        self.root: CgroupRoot | None = None
         self.queries: list[str] = []
-        self.sessions: dict[str, duckdb.DuckDBPyConnection] = {}
+        self.idle: asyncio.LifoQueue[Engine] = asyncio.LifoQueue()  # the hottest engine first: its caches are warm
+        self.slots: set[Engine] = set()
+        self.sessions: dict[str, Engine] = {}
         self.busy: dict[str, asyncio.Lock] = {}
-        self.statements = 0
-        self.interrupted = 0
+        self.names = itertools.count(1)
+        self.refills: set[asyncio.Task[None]] = set()
+        self.stats = {
+            "statements": 0,
+            "interrupted": 0,
+            "engines_killed": 0,
+            "killed_memory": 0,
+            "killed_disk": 0,
+            "engine_lost": 0,
+        }
 
     def capacity(self) -> int:
         return self.cfg.slots_per_worker
@@ -66,140 +63,223 @@ class SQLRunner:
     async def start(self) -> None:
         try:
             path, self.queries = await asyncio.to_thread(data.ensure, Path(self.cfg.data_dir), self.cfg.scale_factor)
-            self.db = duckdb.connect(
-                str(path),
-                read_only=True,
-                config={
-                    "enable_external_access": False,
-                    "autoload_known_extensions": False,
-                    "autoinstall_known_extensions": False,
-                    "threads": self.cfg.threads,
-                    "memory_limit": f"{self.cfg.memory_mb}MB",
-                    "temp_directory": str(self.temp_dir),
-                    "max_temp_directory_size": f"{self.cfg.temp_mb}MB",
-                },
-            )
-            self.db.execute("SET lock_configuration = true")
-        except (duckdb.Error, OSError) as exc:
+        except Exception as exc:  # duckdb.Error, OSError: the node cannot serve SQL at all
             raise SandboxSetupError(f"cannot open the TPC-H data: {exc}") from exc
+        self.root = CgroupRoot(self.name + "-sql", Path(self.cfg.cgroup_mount))
+        self.host = EngineHost(
+            {
+                "db": str(path),
+                "threads": self.cfg.threads,
+                "temp_mb": self.cfg.temp_mb,
+                "max_rows": self.cfg.max_rows,
+                "max_result_bytes": self.cfg.max_result_bytes,
+                "grace_s": self.cfg.interrupt_grace_s,
+                "uid": JAIL_UID,
+            },
+            self.temp_root,
+            frame_limit=2 * self.cfg.max_result_bytes + (1 << 20),
+        )
+        await self.host.start()
+        engines = await asyncio.gather(*(self._spawn("slot") for _ in range(self.cfg.slots_per_worker)))
+        for e in engines:
+            self.slots.add(e)
+            self.idle.put_nowait(e)
 
-    def _cursor(self) -> duckdb.DuckDBPyConnection:
-        assert self.db is not None
-        return self.db.cursor()
+    async def _spawn(self, kind: str) -> Engine:
+        assert self.host is not None and self.root is not None
+        name = f"{kind}{next(self.names)}"
+        cg = self.root.slot(name)
+        cg.set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
+        cg.set_cpu(self.cfg.cpu_cores)
+        try:
+            return await self.host.spawn(name, cg, max(64, self.cfg.memory_mb - DUCKDB_HEADROOM_MB))
+        except BaseException:
+            await asyncio.to_thread(cg.remove)
+            raise
 
     async def step(self, action: SQLAction, session_id: str | None, limits: StepLimits) -> StepOutcome:
-        act = action
-        sql = act.query if act.query is not None else self.queries[(act.tpch or 1) - 1]
-        max_rows = min(act.max_rows if act.max_rows is not None else self.cfg.max_rows, self.cfg.max_rows)
+        sql = action.query if action.query is not None else self.queries[(action.tpch or 1) - 1]
+        max_rows = min(action.max_rows if action.max_rows is not None else self.cfg.max_rows, self.cfg.max_rows)
+        req = {"sql": sql, "max_rows": max_rows, "timeout_s": limits.timeout_s, "fresh": session_id is None}
         if session_id is None:
-            con = self._cursor()
+            engine = await self.idle.get()
+            done = False
             try:
-                return await self._run(con, sql, max_rows, limits.timeout_s, act.tpch)
+                outcome = await self._run(engine, req, action.tpch, None)
+                done = True
+                return outcome
             finally:
-                self._close(con)
-        mine = self.sessions.get(session_id)
-        if mine is None:
+                if done and not engine.closed:
+                    self.idle.put_nowait(engine)
+                else:  # ended, or cancelled mid-statement (its answer would arrive out of turn)
+                    self._refill(engine)
+        engine_or_none = self.sessions.get(session_id)
+        if engine_or_none is None:
             raise UnknownSession(f"no sql session {session_id}", session_id=session_id)
         async with self.busy[session_id]:
-            return await self._run(mine, sql, max_rows, limits.timeout_s, act.tpch)
+            try:
+                outcome = await self._run(engine_or_none, req, action.tpch, session_id)
+            except asyncio.CancelledError:
+                engine_or_none.kill()  # its answer would arrive out of turn: the session cannot go on
+                raise
+        if not outcome.session_alive:
+            await self.close_session(session_id)
+        return outcome
 
-    async def _run(
-        self, con: duckdb.DuckDBPyConnection, sql: str, max_rows: int, timeout_s: float, tpch: int | None
-    ) -> StepOutcome:
-        self.statements += 1
-
-        def work() -> tuple[list[str], list[tuple[Any, ...]]]:
-            cur = con.execute(sql)
-            cols = [d[0] for d in cur.description] if cur.description else []
-            rows = cur.fetchmany(max_rows + 1) if cols else []
-            return cols, rows
-
-        t0 = time.perf_counter()
-        task = asyncio.get_running_loop().run_in_executor(self.pool, work)
-        timed_out = False
+    async def _run(self, engine: Engine, req: dict[str, Any], tpch: int | None, session_id: str | None) -> StepOutcome:
+        self.stats["statements"] += 1
+        before = engine.cgroup.counters()
+        deadline = float(req["timeout_s"]) + self.cfg.interrupt_grace_s + ANSWER_MARGIN_S
+        watch = asyncio.ensure_future(self._watch_spill(engine))
         try:
-            cols, rows = await asyncio.wait_for(asyncio.shield(task), timeout_s)
-            error = None
-        except TimeoutError:
-            timed_out = True
-            con.interrupt()  # stops most statements; the thread then returns
-            # the interrupt surfaces as an exception in the thread: wait for it, whatever it is
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(task), INTERRUPT_GRACE_S)
-            if not task.done():  # a function that ignores interrupts: never wait for it on the loop
-                self.stuck += 1
-                self._stuck_cons.add(id(con))
-                task.add_done_callback(lambda _: self._unstuck(con))
-            cols, rows, error = [], [], f"statement interrupted at its {timeout_s:g}s timeout"
-            self.interrupted += 1
-        except duckdb.Error as exc:
-            cols, rows, error = [], [], f"{type(exc).__name__}: {exc}"
-        elapsed = (time.perf_counter() - t0) * 1000
-        kept, truncated = self._capped([[_jsonable(v) for v in r] for r in rows[:max_rows]])
+            answer = await engine.request(req, deadline)
+        except EngineGone as exc:
+            return await self._engine_ended(engine, req, tpch, session_id, before.oom_kills, str(exc))
+        finally:
+            watch.cancel()
+        if answer.get("stuck"):  # the engine ends itself after this answer
+            self.stats["interrupted"] += 1
+            self.stats["engines_killed"] += 1
+            await engine.close()
+            return self._timed_out(req, tpch, float(answer.get("elapsed_ms", 0.0)), session_alive=session_id is None)
         obs = SQLObservation(
-            columns=cols,
-            rows=kept,
-            row_count=len(kept),
-            truncated=truncated or len(rows) > max_rows,
-            timed_out=timed_out,
-            error=error,
-            elapsed_ms=round(elapsed, 3),
+            columns=answer.get("columns") or [],
+            rows=answer.get("rows") or [],
+            row_count=len(answer.get("rows") or []),
+            truncated=bool(answer.get("truncated")),
+            timed_out=bool(answer.get("timed_out")),
+            error=answer.get("error"),
+            elapsed_ms=float(answer.get("elapsed_ms", 0.0)),
             tpch=tpch,
         )
-        if timed_out:
-            failure: ProgramFailure | None = ProgramFailure("program_timeout", error or "timed out")
-        elif error:
-            failure = ProgramFailure("action_error", error)
-        else:
-            failure = None
-        return StepOutcome(obs, failure=failure)
+        if obs.timed_out:
+            self.stats["interrupted"] += 1
+            return StepOutcome(obs, ProgramFailure("program_timeout", obs.error or "timed out"), limits_hit=("time",))
+        if obs.error:
+            return StepOutcome(obs, ProgramFailure("action_error", obs.error))
+        return StepOutcome(obs)
 
-    def _unstuck(self, con: duckdb.DuckDBPyConnection) -> None:
-        self.stuck -= 1
-        self._stuck_cons.discard(id(con))
+    async def _watch_spill(self, engine: Engine) -> None:
+        """Kill the engine once its spill directory outgrows ``temp_mb`` (DuckDB does not hold to it)."""
+        limit = self.cfg.temp_mb << 20
+        while True:
+            await asyncio.sleep(SPILL_POLL_S)
+            if engine.spill_bytes() > limit:
+                engine.kill("disk")
+                return
 
-    def _close(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Close a connection; one whose statement is stuck is closed off the event loop (it blocks)."""
-        if id(con) in self._stuck_cons:
-            self.pool.submit(con.close)
-        else:
-            con.close()
+    def _timed_out(self, req: dict[str, Any], tpch: int | None, elapsed_ms: float, session_alive: bool) -> StepOutcome:
+        msg = (
+            f"statement interrupted at its {float(req['timeout_s']):g}s timeout "
+            "(it ignored the interrupt, so its engine was ended)"
+        )
+        obs = SQLObservation(timed_out=True, error=msg, elapsed_ms=round(elapsed_ms, 3), tpch=tpch)
+        return StepOutcome(
+            obs,
+            ProgramFailure("program_timeout", msg),
+            session_alive=session_alive,
+            killed_by="time",
+            limits_hit=("time",),
+        )
 
-    def _capped(self, rows: list[list[Any]]) -> tuple[list[list[Any]], bool]:
-        """Rows up to ``max_result_bytes`` of JSON: a few huge values must not reach the client."""
-        size = 0
-        for i, row in enumerate(rows):
-            size += len(orjson.dumps(row, default=str))
-            if size > self.cfg.max_result_bytes:
-                return rows[:i], True
-        return rows, False
+    async def _engine_ended(
+        self, engine: Engine, req: dict[str, Any], tpch: int | None, session_id: str | None, oom_before: int, why: str
+    ) -> StepOutcome:
+        """The engine died mid-statement: the statement's fault only if a limit of its own says so."""
+        by_us = engine.killed_by
+        oom = engine.cgroup.counters().oom_kills > oom_before
+        await engine.close()
+        self.stats["engines_killed"] += 1
+        alive = session_id is None
+        if by_us == "time":  # it did not answer by timeout + grace + margin
+            self.stats["interrupted"] += 1
+            return self._timed_out(req, tpch, float(req["timeout_s"]) * 1000, session_alive=alive)
+        if by_us == "disk":
+            self.stats["killed_disk"] += 1
+            msg = f"the statement was killed at its spill limit ({self.cfg.temp_mb} MiB of temp disk)"
+            return StepOutcome(
+                SQLObservation(error=msg, tpch=tpch),
+                ProgramFailure("program_killed", msg),
+                session_alive=alive,
+                killed_by="disk",
+                limits_hit=("disk",),
+            )
+        if oom:
+            self.stats["killed_memory"] += 1
+            msg = f"the statement was killed at its memory limit ({self.cfg.memory_mb} MiB)"
+            obs = SQLObservation(error=msg, tpch=tpch)
+            return StepOutcome(
+                obs,
+                ProgramFailure("program_killed", msg),
+                session_alive=alive,
+                killed_by="memory",
+                limits_hit=("memory",),
+            )
+        self.stats["engine_lost"] += 1
+        if session_id is not None:
+            raise SessionLost(
+                f"session {session_id}: its SQL engine ended mid-statement ({why})", session_id=session_id
+            )
+        raise SandboxSetupError(f"the SQL engine ended mid-statement ({why}); retry")
+
+    def _refill(self, dead: Engine) -> None:
+        """Replace a slot engine that ended, off the request path; keep trying until it starts."""
+        self.slots.discard(dead)
+        dead.kill()
+
+        async def refill() -> None:
+            await dead.close()
+            while True:
+                try:
+                    engine = await self._spawn("slot")
+                except SandboxSetupError:
+                    await asyncio.sleep(REFILL_BACKOFF_S)
+                    continue
+                self.slots.add(engine)
+                self.idle.put_nowait(engine)
+                return
+
+        task = asyncio.ensure_future(refill())
+        self.refills.add(task)
+        task.add_done_callback(self.refills.discard)
 
     async def open_session(self, session_id: str, options: dict[str, Any]) -> None:
-        if session_id not in self.sessions:
-            refuse_at_session_cap("sql", len(self.sessions), self.cfg.max_sessions_per_worker, session_id)
-            self.sessions[session_id] = self._cursor()
-            self.busy[session_id] = asyncio.Lock()
+        if session_id in self.sessions:
+            return
+        refuse_at_session_cap("sql", len(self.busy), self.cfg.max_sessions_per_worker, session_id)
+        self.busy[session_id] = asyncio.Lock()  # holds the place while the engine starts
+        try:
+            self.sessions[session_id] = await self._spawn("s")
+        except BaseException:
+            self.busy.pop(session_id, None)
+            raise
 
     async def close_session(self, session_id: str) -> None:
-        con = self.sessions.pop(session_id, None)
+        engine = self.sessions.pop(session_id, None)
         self.busy.pop(session_id, None)
-        if con is not None:
-            self._close(con)
+        if engine is not None:
+            await engine.close()
 
     async def health(self) -> dict[str, Any]:
         return {
             "capacity": self.capacity(),
+            "free_slots": self.idle.qsize(),
+            "slot_engines": len(self.slots),
             "sessions": len(self.sessions),
-            "statements": self.statements,
-            "interrupted": self.interrupted,
-            "stuck_statements": self.stuck,
+            "fork_server_alive": self.host is not None and self.host.alive(),
+            **self.stats,
         }
 
     async def close(self) -> None:
+        for task in list(self.refills):
+            task.cancel()
         for sid in list(self.sessions):
             await self.close_session(sid)
-        if self.db is not None:
-            db, self.db = self.db, None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self.pool, db.close), 5.0)
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        for engine in list(self.slots):
+            await engine.close()
+        self.slots.clear()
+        if self.host is not None:
+            await self.host.stop()
+        if self.root is not None:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(self.root.group.remove)

@@ -24,6 +24,9 @@ class ToolsRunner:
         self.sessions: dict[str, Overlay] = {}
         self.calls = 0
 
+    def _overlay(self) -> Overlay:
+        return Overlay(self.db, max_records=self.cfg.max_session_records)
+
     def capacity(self) -> int:
         return self.cfg.slots_per_worker
 
@@ -32,7 +35,7 @@ class ToolsRunner:
 
     async def step(self, action: ToolAction, session_id: str | None, limits: StepLimits) -> StepOutcome:
         if session_id is None:
-            overlay = Overlay(self.db)
+            overlay = self._overlay()
         elif session_id in self.sessions:
             overlay = self.sessions[session_id]
         else:
@@ -40,10 +43,14 @@ class ToolsRunner:
         self.calls += 1
         if action.tool == "reset":
             if session_id is not None:
-                self.sessions[session_id] = Overlay(self.db)
+                self.sessions[session_id] = self._overlay()
             return StepOutcome(ToolObservation(tool="reset", result="the database is back to its seeded state"))
         try:
-            return StepOutcome(ToolObservation(tool=action.tool, result=call(overlay, action.tool, action.args)))
+            return StepOutcome(
+                ToolObservation(
+                    tool=action.tool, result=call(overlay, action.tool, action.args, self.cfg.max_string_chars)
+                )
+            )
         except ToolError as exc:
             return StepOutcome(
                 ToolObservation(tool=action.tool, error=str(exc)), failure=ProgramFailure("action_error", str(exc))
@@ -52,7 +59,7 @@ class ToolsRunner:
     async def open_session(self, session_id: str, options: dict[str, Any]) -> None:
         if session_id not in self.sessions:
             refuse_at_session_cap("tools", len(self.sessions), self.cfg.max_sessions_per_worker, session_id)
-            self.sessions[session_id] = Overlay(self.db)
+            self.sessions[session_id] = self._overlay()
 
     async def close_session(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)

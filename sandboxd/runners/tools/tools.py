@@ -24,6 +24,10 @@ class ToolError(Exception):
     pass
 
 
+MAX_QUANTITY = 10  # of one item in one cart
+MAX_LIST_ITEMS = 100  # in a list argument
+
+
 @dataclass
 class Overlay:
     base: Database
@@ -32,6 +36,12 @@ class Overlay:
     carts: dict[str, dict[str, int]] = field(default_factory=dict)
     next_order: int = 9000000
     writes: int = 0
+    max_records: int = 1000  # a session's own copies and new records at most: its memory is bounded
+
+    def make_room(self) -> None:
+        """Refuse a new record past ``max_records`` (the agent's error: a trajectory needs a few dozen)."""
+        if len(self.users) + len(self.orders) + len(self.carts) >= self.max_records:
+            raise ToolError(f"this session holds {self.max_records} records, its maximum; reset it to go on")
 
     def user(self, uid: str, write: bool = False) -> dict[str, Any]:
         return self._record(self.users, self.base.users, uid, write, "user")
@@ -39,9 +49,8 @@ class Overlay:
     def order(self, oid: str, write: bool = False) -> dict[str, Any]:
         return self._record(self.orders, self.base.orders, oid, write, "order")
 
-    @staticmethod
     def _record(
-        mine: dict[str, dict[str, Any]], base: dict[str, dict[str, Any]], key: str, write: bool, what: str
+        self, mine: dict[str, dict[str, Any]], base: dict[str, dict[str, Any]], key: str, write: bool, what: str
     ) -> dict[str, Any]:
         """This session's copy if it wrote one, else the shared record; the first write copies it."""
         if key in mine:
@@ -51,6 +60,7 @@ class Overlay:
             raise ToolError(f"{what} not found: {key}")
         if not write:
             return record
+        self.make_room()
         mine[key] = copy.deepcopy(record)
         return mine[key]
 
@@ -135,9 +145,13 @@ def add_to_cart(ov: Overlay, user_id: str, item_id: str, quantity: int = 1) -> d
     _, v = ov.variant(item_id)
     if not v["available"]:
         raise ToolError(f"item {item_id} is not available")
-    if not 1 <= quantity <= 10:
-        raise ToolError("quantity must be between 1 and 10")
+    if not 1 <= quantity <= MAX_QUANTITY:
+        raise ToolError(f"quantity must be between 1 and {MAX_QUANTITY}")
+    if user_id not in ov.carts:
+        ov.make_room()
     cart = ov.carts.setdefault(user_id, {})
+    if cart.get(item_id, 0) + quantity > MAX_QUANTITY:
+        raise ToolError(f"a cart holds at most {MAX_QUANTITY} of an item")
     cart[item_id] = cart.get(item_id, 0) + quantity
     ov.writes += 1
     return view_cart(ov, user_id)
@@ -160,6 +174,7 @@ def place_order(ov: Overlay, user_id: str, payment_method_id: str) -> dict[str, 
         raise ToolError(f"the cart of {user_id} is empty")
     _payment(ov, user_id, payment_method_id)
     user = ov.user(user_id, write=True)
+    ov.make_room()
     lines = []
     for iid, qty in cart.items():
         product, v = ov.variant(iid)
@@ -381,8 +396,12 @@ def openai_tools() -> list[dict[str, Any]]:
 _TYPES = {"string": str, "integer": int, "array": list}
 
 
-def call(ov: Overlay, tool: str, args: dict[str, Any]) -> Any:
-    """Validate ``args`` against the tool's schema and run it (ToolError on any mistake)."""
+def call(ov: Overlay, tool: str, args: dict[str, Any], max_string_chars: int = 4096) -> Any:
+    """Validate ``args`` against the tool's schema and run it (ToolError on any mistake).
+
+    Strings and lists are capped: what a session writes stays in its overlay
+    for its lifetime, so an argument's size is a session's memory.
+    """
     if tool not in TOOLS:
         raise ToolError(f"unknown tool {tool!r}; tools: {', '.join(TOOLS)}")
     fn, _, props, required = TOOLS[tool]
@@ -398,4 +417,9 @@ def call(ov: Overlay, tool: str, args: dict[str, Any]) -> Any:
             raise ToolError(f"{tool}: argument {k} must be a {props[k]['type']}")
         if isinstance(v, list) and not all(isinstance(x, str) for x in v):
             raise ToolError(f"{tool}: argument {k} must be a list of strings")
+        if isinstance(v, list) and len(v) > MAX_LIST_ITEMS:
+            raise ToolError(f"{tool}: argument {k} has {len(v)} items (at most {MAX_LIST_ITEMS})")
+        for text in v if isinstance(v, list) else [v]:
+            if isinstance(text, str) and len(text) > max_string_chars:
+                raise ToolError(f"{tool}: argument {k} is {len(text)} characters long (at most {max_string_chars})")
     return copy.deepcopy(fn(ov, **args))

@@ -1,0 +1,208 @@
+"""Worker side of the SQL engine processes: start the fork server, spawn engines, talk to them.
+
+An ``Engine`` is one DuckDB process in its own cgroup (see ``engine.py`` for
+what it does to itself before it serves). The worker addresses it only by the
+pidfd the fork server sent, so a kill can never reach a process that merely
+inherited its number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import shutil
+import signal
+import socket
+import struct
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from sandboxd.errors import SandboxSetupError
+from sandboxd.runners.cgroups import CgroupGroup
+
+SPILL_DIR = "spill"  # the engine's spill directory, relative to its own (see engine.py)
+SPAWN_TIMEOUT_S = 20.0  # fork + opening the database; generous for a loaded machine
+
+
+class EngineGone(Exception):
+    """The engine process ended (killed at a limit, crashed, or killed by us) before it answered."""
+
+
+async def read_frame(reader: asyncio.StreamReader, limit: int) -> dict[str, Any] | None:
+    try:
+        head = await reader.readexactly(4)
+        (n,) = struct.unpack(">I", head)
+        if n > limit:
+            raise EngineGone(f"the engine sent a frame of {n} bytes (limit {limit})")
+        body = await reader.readexactly(n)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    out: dict[str, Any] = orjson.loads(body)
+    return out
+
+
+@dataclass(eq=False)  # compared and hashed by identity: a set of live engines
+class Engine:
+    name: str
+    pid: int
+    pidfd: int
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    cgroup: CgroupGroup
+    temp_dir: Path
+    frame_limit: int
+    killed_by: str | None = None  # why the worker killed it: "time" or "disk"
+    closed: bool = field(default=False)
+
+    async def request(self, body: dict[str, Any], deadline_s: float) -> dict[str, Any]:
+        """Send a statement, wait for its answer; past ``deadline_s`` the engine is killed (``EngineGone``)."""
+        data = orjson.dumps(body)
+        try:
+            self.writer.write(struct.pack(">I", len(data)) + data)
+            await self.writer.drain()
+            answer = await asyncio.wait_for(read_frame(self.reader, self.frame_limit), deadline_s)
+        except TimeoutError:
+            self.kill("time")
+            raise EngineGone(f"no answer within {deadline_s:g}s") from None
+        except ConnectionError as exc:
+            raise EngineGone(str(exc)) from None
+        if answer is None:
+            raise EngineGone("the engine process ended")
+        return answer
+
+    def spill_bytes(self) -> int:
+        """Disk the engine's spill directory holds now (allocated blocks: spill files can be sparse)."""
+        total = 0
+        try:
+            with os.scandir(self.temp_dir / SPILL_DIR) as it:
+                for entry in it:
+                    with contextlib.suppress(OSError):
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+        except OSError:
+            return 0
+        return total
+
+    def kill(self, reason: str | None = None) -> None:
+        if self.killed_by is None:
+            self.killed_by = reason
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+    async def close(self) -> None:
+        """Kill the process, then remove its cgroup and spill directory (off the event loop: both can block)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.kill()
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            await self.writer.wait_closed()
+        os.close(self.pidfd)
+        await asyncio.to_thread(self._clean)
+
+    def _clean(self) -> None:
+        for _ in range(3):
+            if self.cgroup.remove():
+                break
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+class EngineHost:
+    """The worker's fork server of DuckDB engines (one per worker; it runs no statement itself)."""
+
+    def __init__(self, config: dict[str, Any], temp_root: Path, frame_limit: int) -> None:
+        self.config = config
+        self.temp_root = temp_root
+        self.frame_limit = frame_limit
+        self.proc: asyncio.subprocess.Process | None = None
+        self.ctl: socket.socket | None = None
+        self.lock = asyncio.Lock()
+        self.ids = itertools.count(1)
+
+    async def start(self) -> None:
+        """Start the fork server; from the loop's thread, since its parent-death signal follows that thread."""
+        self.temp_root.mkdir(parents=True, exist_ok=True)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "sandboxd.runners.sql.engine",
+                orjson.dumps(self.config).decode(),
+                str(theirs.fileno()),
+                pass_fds=(theirs.fileno(),),
+                stdin=asyncio.subprocess.DEVNULL,
+            )
+        finally:
+            theirs.close()
+        ours.settimeout(SPAWN_TIMEOUT_S)
+        self.ctl = ours
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def spawn(self, name: str, cgroup: CgroupGroup, duckdb_memory_mb: int) -> Engine:
+        """A new engine in ``cgroup``, ready to serve (its database open, its privileges dropped)."""
+        if not self.alive():
+            await self.stop()
+            await self.start()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        temp_dir = self.temp_root / name
+        req = {
+            "id": next(self.ids),
+            "cgroup_procs": [str(p) for p in cgroup.procs_files],
+            "temp_dir": str(temp_dir),
+            "duckdb_memory_mb": duckdb_memory_mb,
+        }
+        try:
+            async with self.lock:  # one request at a time on the control socket
+                pid, pidfd = await asyncio.to_thread(self._fork, req, theirs)
+        finally:
+            theirs.close()
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=ours, limit=1 << 16)
+        except OSError as exc:
+            os.close(pidfd)
+            ours.close()
+            raise SandboxSetupError(f"sql engine socket: {exc}") from exc
+        engine = Engine(name, pid, pidfd, reader, writer, cgroup, temp_dir, self.frame_limit)
+        try:
+            ready = await asyncio.wait_for(read_frame(reader, self.frame_limit), SPAWN_TIMEOUT_S)
+        except (TimeoutError, EngineGone):
+            ready = None
+        if not ready or not ready.get("ready"):
+            await engine.close()
+            raise SandboxSetupError("the SQL engine did not start (see the worker's log)")
+        return engine
+
+    def _fork(self, req: dict[str, Any], theirs: socket.socket) -> tuple[int, int]:
+        assert self.ctl is not None
+        try:
+            socket.send_fds(self.ctl, [orjson.dumps(req)], [theirs.fileno()])
+            msg, fds, _flags, _addr = socket.recv_fds(self.ctl, 1 << 16, 1)
+        except OSError as exc:
+            raise SandboxSetupError(f"the SQL fork server does not answer: {exc}") from exc
+        if not msg:
+            raise SandboxSetupError("the SQL fork server has exited")
+        answer = orjson.loads(msg)
+        if answer.get("id") != req["id"] or not fds:
+            for fd in fds:
+                os.close(fd)
+            raise SandboxSetupError(f"the SQL fork server failed: {answer.get('error', answer)}")
+        return int(answer["pid"]), fds[0]
+
+    async def stop(self) -> None:
+        if self.ctl is not None:
+            self.ctl.close()
+            self.ctl = None
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+        self.proc = None
