@@ -81,6 +81,8 @@ class Gateway:
         self.inflight = 0
         self.started = False
         self.draining = False
+        self._opening_by_worker: dict[tuple[str, int], int] = {}  # session opens in flight, for placement
+        self._opening_by_tenant: dict[str, int] = {}  # and for the tenant's session quota
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -359,7 +361,8 @@ class Gateway:
         if self.draining:
             raise ShuttingDown("this node is shutting down; create the session on another node")
         s = self.settings
-        held = await self.sessions.count(tenant=tenant)
+        # Sessions being opened count too: a storm of concurrent creates all saw the store before any was put.
+        held = await self.sessions.count(tenant=tenant) + self._opening_by_tenant.get(tenant, 0)
         if held >= s.tenant_max_sessions:
             raise Saturated(
                 f"this tenant holds {held} sessions (tenant_max_sessions {s.tenant_max_sessions}); close some first",
@@ -371,11 +374,21 @@ class Gateway:
         if not alive:
             raise Saturated(f"no live worker serves runner {req.runner!r}", retry_after_s=1.0)
         per_worker = await self.sessions.per_worker(req.runner)
-        worker = min(alive, key=lambda w: per_worker.get(w.index, 0))
+        opening = self._opening_by_worker
+        worker = min(alive, key=lambda w: per_worker.get(w.index, 0) + opening.get((req.runner, w.index), 0))
         sid = new_session_id(self.node_id)
-        await worker.call("open", runner=req.runner, session_id=sid, options=req.options)
-        rec = SessionRecord(sid, req.runner, tenant, self.node_id, worker.index, worker.generation, ttl, idle)
-        await self.sessions.put(rec)
+        where = (req.runner, worker.index)
+        opening[where] = opening.get(where, 0) + 1
+        self._opening_by_tenant[tenant] = self._opening_by_tenant.get(tenant, 0) + 1
+        try:
+            await worker.call("open", runner=req.runner, session_id=sid, options=req.options)
+            rec = SessionRecord(sid, req.runner, tenant, self.node_id, worker.index, worker.generation, ttl, idle)
+            await self.sessions.put(rec)
+        finally:
+            opening[where] -= 1
+            self._opening_by_tenant[tenant] -= 1
+            if not self._opening_by_tenant[tenant]:
+                del self._opening_by_tenant[tenant]
         self.metrics.sessions.labels(req.runner).set(await self.sessions.count(req.runner))
         return SessionInfo.model_validate(rec.describe())
 

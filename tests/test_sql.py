@@ -206,3 +206,70 @@ async def test_engines_are_unprivileged_and_offline(http: httpx.AsyncClient) -> 
             assert os.readlink(f"/proc/{pid}/ns/ipc") != host_ipc
     finally:
         await http.delete(f"/sessions/{s}")
+
+
+async def test_one_shots_share_no_files_and_no_leftover_memory(http: httpx.AsyncClient) -> None:
+    """A slot engine serves one-shots of many clients in turn: what one leaves must not reach the next."""
+    plant = (
+        "CREATE TEMP TABLE big AS SELECT range FROM range(40000000); "  # outgrows memory: the spill dir appears
+        "COPY (SELECT 'secret-of-tenant-a' AS s) TO 'spill/leak.csv'"
+    )
+    r = await sql(http, {"query": plant}, timeout_s=60)
+    assert r["ok"], r  # planted: statements may write in their engine's spill directory
+    for _ in range(6):  # every slot of both workers, whichever took the plant
+        r = await sql(http, {"query": "SELECT * FROM read_csv('spill/leak.csv')"})
+        assert r["ok"] is False and "secret" not in str(r["observation"]), r
+    heavy = "CREATE TEMP TABLE b AS SELECT range FROM range(20000000); SELECT count(*) FROM b"
+    for _ in range(4):  # the allocator keeps what the last one freed: its slot is replaced, not reused
+        r = await sql(http, {"query": heavy}, timeout_s=60)
+        assert r["ok"] and r["observation"]["rows"] == [[20000000]], r
+
+
+async def test_spill_in_subdirectories_counts_against_the_budget(http: httpx.AsyncClient) -> None:
+    s = await open_session(http)
+    r = await sql(http, {"query": "CREATE TEMP TABLE big AS SELECT range FROM range(40000000)"}, s, timeout_s=60)
+    assert r["ok"], r
+    copy = (
+        "COPY (SELECT 1 AS p, repeat('z', 1000) || i::VARCHAR AS s FROM range(150000) t(i)) "
+        "TO 'spill/d{k}' (FORMAT csv, PARTITION_BY (p))"
+    )
+    for k in range(4):
+        r = await sql(http, {"query": copy.format(k=k)}, s, timeout_s=60)
+        if not r["ok"]:
+            break
+    assert r["error"]["code"] == "program_killed" and "spill limit" in r["observation"]["error"], r
+
+
+async def test_huge_errors_and_column_names_are_the_programs_and_capped(http: httpx.AsyncClient) -> None:
+    s = await open_session(http)
+    for sid in (None, s):
+        r = await sql(http, {"query": "SELECT error(repeat('x', 20000000))"}, sid)
+        assert r["error"]["code"] == "action_error" and r["error"]["blame"] == "program", str(r)[:300]
+        assert len(r["observation"]["error"]) < 5000
+    wide = "PIVOT (SELECT repeat('a', 1000) || i::VARCHAR AS k, 1 AS v FROM range(3000) t(i)) ON k USING sum(v)"
+    r = await sql(http, {"query": wide}, s)
+    assert r["error"]["code"] == "action_error" and "column names" in r["observation"]["error"], str(r)[:300]
+    assert (await sql(http, {"query": "SELECT 1"}, s))["ok"]  # the session lives on
+
+
+async def test_a_step_cut_by_its_sessions_delete_is_the_clients(http: httpx.AsyncClient) -> None:
+    for _ in range(3):
+        s = await open_session(http)
+        slow = "SELECT count(*) FROM range(100000) a, range(100000) b"
+        step = asyncio.ensure_future(
+            http.post(
+                "/rollout/step", json={"runner": "sql", "action": {"query": slow}, "session_id": s, "timeout_s": 5}
+            )
+        )
+        await asyncio.sleep(0.3)
+        assert (await http.delete(f"/sessions/{s}")).status_code == 204
+        r = await step
+        assert r.status_code == 404 and r.json()["error"]["blame"] == "client", r.text
+
+
+async def test_a_storm_of_session_creates_spreads_over_workers(http: httpx.AsyncClient) -> None:
+    made = await asyncio.gather(*(http.post("/sessions", json={"runner": "sql"}) for _ in range(16)))
+    assert all(r.status_code == 201 for r in made)
+    workers = [r.json()["worker"] for r in made]
+    assert sorted(workers.count(w) for w in (0, 1)) == [8, 8], workers
+    await asyncio.gather(*(http.delete(f"/sessions/{r.json()['session_id']}") for r in made))

@@ -48,6 +48,8 @@ PR_SET_NO_NEW_PRIVS = 38
 FETCH_CHUNK = 64  # rows fetched at a time, so the byte cap stops a huge result early
 MAX_REQUEST_BYTES = 1 << 20
 SPILL_DIR = "spill"  # relative to the engine's private working directory
+LEFT_BEHIND_CHECK_BYTES = 96 << 20  # below this much anonymous memory nothing is worth asking about
+MAX_ERROR_CHARS = 4096  # of an error message (DuckDB quotes the offending value, whatever its size)
 
 
 def _prctl(option: int, arg: int) -> None:
@@ -98,6 +100,14 @@ def jsonable(v: Any) -> Any:
     return v
 
 
+class ResultRefused(Exception):
+    """A result too large to return even truncated: the statement's own error."""
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
+
+
 class Statement:
     """One statement on a connection and what it returned (rows capped in count and in bytes)."""
 
@@ -114,9 +124,13 @@ class Statement:
             cur = self.con.execute(self.sql)
             if cur.description:
                 self.columns = [str(d[0]) for d in cur.description]
+                if len(orjson.dumps(self.columns)) > self.max_bytes // 2:
+                    raise ResultRefused(
+                        f"the result's {len(self.columns)} column names alone exceed {self.max_bytes // 2} bytes"
+                    )
                 self._fetch(cur)
         except Exception as exc:  # every DuckDB error is the statement's own result
-            self.error = f"{type(exc).__name__}: {exc}"
+            self.error = _cut(f"{type(exc).__name__}: {exc}", MAX_ERROR_CHARS)
             self.columns, self.rows = [], []
         finally:
             self.done.set()
@@ -177,7 +191,31 @@ class Executor:
             "timed_out": timed_out,
             "error": f"statement interrupted at its {timeout_s:g}s timeout" if timed_out else stmt.error,
             "elapsed_ms": round((time.perf_counter() - t0) * 1000, 3),
+            "recycle": bool(req.get("fresh")) and left_behind(con) > int(cfg["recycle_bytes"]),
         }
+
+
+def left_behind(con: Any) -> int:
+    """Memory this process holds that DuckDB does not account for (freed but kept by the allocator).
+
+    A slot engine serves one-shots of many clients in turn: if one leaves a
+    lot behind, the next would start near the cgroup limit and be killed for
+    it. Cheap when small (one read of /proc); DuckDB's own figure is asked
+    only when the process holds much at all.
+    """
+    anon = 0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) * 1024
+                break
+    if anon < LEFT_BEHIND_CHECK_BYTES:
+        return 0
+    try:
+        (tracked,) = con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()").fetchone()
+    except Exception:
+        return anon
+    return max(0, anon - int(tracked))
 
 
 def child_main(sock: socket.socket, cfg: dict[str, Any], req: dict[str, Any]) -> None:

@@ -27,7 +27,8 @@ from sandboxd.errors import SandboxSetupError
 from sandboxd.runners.cgroups import CgroupGroup
 
 SPILL_DIR = "spill"  # the engine's spill directory, relative to its own (see engine.py)
-SPAWN_TIMEOUT_S = 20.0  # fork + opening the database; generous for a loaded machine
+SPAWN_TIMEOUT_S = 20.0
+MAX_SPILL_ENTRIES = 10_000  # fork + opening the database; generous for a loaded machine
 
 
 class EngineGone(Exception):
@@ -57,7 +58,8 @@ class Engine:
     cgroup: CgroupGroup
     temp_dir: Path
     frame_limit: int
-    killed_by: str | None = None  # why the worker killed it: "time" or "disk"
+    killed_by: str | None = None  # why the worker killed it: "time", "disk" or "closed"
+    recycle: bool = False  # a slot engine that should not serve another one-shot (it said so)
     closed: bool = field(default=False)
 
     async def request(self, body: dict[str, Any], deadline_s: float) -> dict[str, Any]:
@@ -77,16 +79,26 @@ class Engine:
         return answer
 
     def spill_bytes(self) -> int:
-        """Disk the engine's spill directory holds now (allocated blocks: spill files can be sparse)."""
-        total = 0
+        """Disk the engine's spill directory holds now, subdirectories included (``COPY ... PARTITION_BY``
+        writes there too: DuckDB allows statements its temp directory); allocated blocks, as files can be
+        sparse. Counts at most ``MAX_SPILL_ENTRIES`` entries: more is treated as over any budget."""
+        total = entries = 0
+        for root, dirs, files in os.walk(self.temp_dir / SPILL_DIR):
+            for name in [*dirs, *files]:
+                entries += 1
+                if entries > MAX_SPILL_ENTRIES:
+                    return 1 << 62
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
+        return total
+
+    def has_spilled(self) -> bool:
+        """Anything in the spill directory: a slot engine that leaves files there is not reused."""
         try:
             with os.scandir(self.temp_dir / SPILL_DIR) as it:
-                for entry in it:
-                    with contextlib.suppress(OSError):
-                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+                return any(True for _ in it)
         except OSError:
-            return 0
-        return total
+            return False
 
     def kill(self, reason: str | None = None) -> None:
         if self.killed_by is None:

@@ -30,6 +30,7 @@ from sandboxd.runners.sql.models import SQLAction, SQLObservation
 
 ANSWER_MARGIN_S = 2.0  # past timeout + grace, an engine that has not answered is killed by the worker
 REFILL_BACKOFF_S = 1.0
+RECYCLE_AT_MEMORY_FRACTION = 0.25  # a slot engine that keeps more than this, unaccounted, is replaced
 SPILL_POLL_S = 0.1  # a statement spilling at ~1 GB/s overshoots the budget by at most ~100 MB
 
 
@@ -55,6 +56,7 @@ class SQLRunner:
             "killed_memory": 0,
             "killed_disk": 0,
             "engine_lost": 0,
+            "slots_recycled": 0,
         }
 
     def capacity(self) -> int:
@@ -74,6 +76,7 @@ class SQLRunner:
                 "max_rows": self.cfg.max_rows,
                 "max_result_bytes": self.cfg.max_result_bytes,
                 "grace_s": self.cfg.interrupt_grace_s,
+                "recycle_bytes": int((self.cfg.memory_mb << 20) * RECYCLE_AT_MEMORY_FRACTION),
                 "uid": JAIL_UID,
             },
             self.temp_root,
@@ -109,9 +112,9 @@ class SQLRunner:
                 done = True
                 return outcome
             finally:
-                if done and not engine.closed:
+                if done and not engine.closed and self._reusable(engine):
                     self.idle.put_nowait(engine)
-                else:  # ended, or cancelled mid-statement (its answer would arrive out of turn)
+                else:  # ended, cancelled mid-statement (its answer would arrive out of turn), or marked
                     self._refill(engine)
         engine_or_none = self.sessions.get(session_id)
         if engine_or_none is None:
@@ -137,6 +140,7 @@ class SQLRunner:
             return await self._engine_ended(engine, req, tpch, session_id, before.oom_kills, str(exc))
         finally:
             watch.cancel()
+        engine.recycle = bool(answer.get("recycle"))
         if answer.get("stuck"):  # the engine ends itself after this answer
             self.stats["interrupted"] += 1
             self.stats["engines_killed"] += 1
@@ -158,6 +162,18 @@ class SQLRunner:
         if obs.error:
             return StepOutcome(obs, ProgramFailure("action_error", obs.error))
         return StepOutcome(obs)
+
+    def _reusable(self, engine: Engine) -> bool:
+        """May the next one-shot, maybe another tenant's, have this slot engine? Not if this one left files
+        in its spill directory (statements can read and write there) or left memory behind (the allocator
+        keeps freed memory, see engine.left_behind: the next statement would start near the limit)."""
+        if engine.has_spilled():
+            self.stats["slots_recycled"] += 1
+            return False
+        if engine.recycle:
+            self.stats["slots_recycled"] += 1
+            return False
+        return True
 
     async def _watch_spill(self, engine: Engine) -> None:
         """Kill the engine once its spill directory outgrows ``temp_mb`` (DuckDB does not hold to it)."""
@@ -191,6 +207,10 @@ class SQLRunner:
         await engine.close()
         self.stats["engines_killed"] += 1
         alive = session_id is None
+        if by_us == "closed" and session_id is not None:
+            raise UnknownSession(
+                f"session {session_id} was closed by the client during this step", session_id=session_id
+            )
         if by_us == "time":  # it did not answer by timeout + grace + margin
             self.stats["interrupted"] += 1
             return self._timed_out(req, tpch, float(req["timeout_s"]) * 1000, session_alive=alive)
@@ -258,6 +278,7 @@ class SQLRunner:
         engine = self.sessions.pop(session_id, None)
         self.busy.pop(session_id, None)
         if engine is not None:
+            engine.kill("closed")  # a step in flight learns why its engine ended
             await engine.close()
 
     async def health(self) -> dict[str, Any]:

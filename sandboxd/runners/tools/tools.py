@@ -36,7 +36,7 @@ class Overlay:
     carts: dict[str, dict[str, int]] = field(default_factory=dict)
     next_order: int = 9000000
     writes: int = 0
-    max_records: int = 1000  # a session's own copies and new records at most: its memory is bounded
+    max_records: int = 200  # a session's own copies and new records at most: its memory is bounded
 
     def make_room(self) -> None:
         """Refuse a new record past ``max_records`` (the agent's error: a trajectory needs a few dozen)."""
@@ -396,7 +396,7 @@ def openai_tools() -> list[dict[str, Any]]:
 _TYPES = {"string": str, "integer": int, "array": list}
 
 
-def call(ov: Overlay, tool: str, args: dict[str, Any], max_string_chars: int = 4096) -> Any:
+def call(ov: Overlay, tool: str, args: dict[str, Any], max_string_chars: int = 512) -> Any:
     """Validate ``args`` against the tool's schema and run it (ToolError on any mistake).
 
     Strings and lists are capped: what a session writes stays in its overlay
