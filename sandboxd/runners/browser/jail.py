@@ -6,10 +6,10 @@ small shell script written here: it joins the browser's cgroup, then execs
 nsjail, which passes fds 3 and 4 through and starts Debian's Chromium inside:
 a user namespace (uid nobody), a read-only system, private /tmp and /dev/shm,
 no /run, /var, /home, /root or /sys, and an empty network namespace of its own
-(only its own loopback). Pages get their content from the runner through
-Playwright's request interception (``sites.py``), so a page can reach nothing
-outside the jail: not the host's loopback, the gateway, another node, a
-metadata address or the internet.
+(only its own loopback). Pages get their content from the runner's site
+server, whose listening socket the worker opens on that loopback
+(``sites.py``), so a page can reach nothing outside the jail: not the host's
+loopback, the gateway, another node, a metadata address or the internet.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, Ste
 from sandboxd.runners.browser import models as m
 from sandboxd.runners.browser.config import BrowserRunnerConfig
 from sandboxd.runners.browser.jail import write_launcher
-from sandboxd.runners.browser.sites import BLANK_PATH, Sites
+from sandboxd.runners.browser.sites import BLANK_PATH, HEAD_LIMIT, RESOLVER_RULES, Sites, browser_netns, listen_in_netns
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--disable-quic",
     "--no-first-run",
+    # Site names go to the runner's server on the jail's loopback; every other name resolves to nothing.
+    f"--host-resolver-rules={RESOLVER_RULES}",
 ]
 
 
@@ -101,6 +104,7 @@ class BrowserRunner:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.closing = False
         self._relaunch: asyncio.Task[None] | None = None
+        self.site_server: asyncio.Server | None = None
         self.stats = {"launches": 0, "contexts": 0, "crashes": 0, "browser_deaths": 0, "pages_closed": 0}
 
     def capacity(self) -> int:
@@ -129,11 +133,33 @@ class BrowserRunner:
             )
         except PlaywrightError as exc:
             raise SandboxSetupError(f"browser {self.name} did not start: {exc.message[:500]}") from exc
+        try:
+            await self._serve_sites()
+        except OSError as exc:
+            with contextlib.suppress(PlaywrightError, TimeoutError):
+                await asyncio.wait_for(browser.close(), CLOSE_TIMEOUT_S)
+            raise SandboxSetupError(f"browser {self.name}: cannot serve its sites in its jail: {exc}") from exc
         self.browser = browser
         self.stats["launches"] += 1
         browser.on("disconnected", lambda b: self._on_disconnected(b))
         for _ in range(self.cfg.warm_contexts):
             self._spawn(self._refill())
+
+    async def _serve_sites(self) -> None:
+        """(Re)open the site server inside the new browser's network namespace."""
+        assert self.cgroup is not None
+        self._stop_sites()
+        netns = browser_netns(self.cgroup.procs_files[0])
+        try:
+            sock = listen_in_netns(netns)
+        finally:
+            os.close(netns)
+        self.site_server = await asyncio.start_server(self.sites.serve, sock=sock, limit=HEAD_LIMIT)
+
+    def _stop_sites(self) -> None:
+        if self.site_server is not None:
+            self.site_server.close()
+            self.site_server = None
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -144,6 +170,7 @@ class BrowserRunner:
         if browser is not self.browser:
             return
         self.browser = None
+        self._stop_sites()
         if self.closing:
             return
         self.stats["browser_deaths"] += 1
@@ -174,7 +201,6 @@ class BrowserRunner:
                 service_workers="block",
                 accept_downloads=False,
             )
-            await context.route("**/*", self.sites.handle)
             page = await context.new_page()
             cdp = await context.new_cdp_session(page)
         except PlaywrightError as exc:
@@ -274,6 +300,7 @@ class BrowserRunner:
         if self.pw is not None:
             with contextlib.suppress(Exception):
                 await self.pw.stop()
+        self._stop_sites()
         if self.root is not None:
             await asyncio.to_thread(self.root.group.remove)  # kills whatever of the browser is left
 
