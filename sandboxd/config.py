@@ -19,7 +19,7 @@ import socket
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Literal, cast
 
 from pydantic import Field, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -58,6 +58,14 @@ class NodeSettings(BaseSettings):
     )
     queue_timeout_s: float = Field(
         30.0, gt=0, description="Longest a step may wait for a slot before it fails with 504 (infra)."
+    )
+    scheduling: Literal["fifo", "oldest_rollout"] = Field(
+        "oldest_rollout",
+        description="Order of queued steps: 'fifo' by arrival, or 'oldest_rollout': steps that carry a "
+        "rollout_id go in order of their rollout's start (capped by rollout_max_boost_s), others by arrival.",
+    )
+    rollout_max_boost_s: float = Field(
+        300.0, ge=0, description="Most a rollout's age can put its steps ahead of a step that just arrived."
     )
     default_timeout_s: float = Field(10.0, gt=0, description="Execution time limit of a step that gives none.")
     max_timeout_s: float = Field(300.0, gt=0, description="Largest timeout_s a step may ask for.")

@@ -36,6 +36,7 @@ from sandboxd.errors import (
 )
 from sandboxd.metrics import Metrics
 from sandboxd.registry import kinds
+from sandboxd.rollouts import RolloutClock
 from sandboxd.runners.base import RunnerKind, StepLimits, WireOutcome
 from sandboxd.scheduler import Scheduler
 from sandboxd.stores.idempotency import IdempotencyStore, MemoryIdempotencyStore, fingerprint
@@ -81,6 +82,7 @@ class Gateway:
         self.inflight = 0
         self.started = False
         self.draining = False
+        self.rollouts = RolloutClock(max_boost_s=self.settings.rollout_max_boost_s)
         self._opening_by_worker: dict[tuple[str, int], int] = {}  # session opens in flight, for placement
         self._opening_by_tenant: dict[str, int] = {}  # and for the tenant's session quota
 
@@ -253,7 +255,10 @@ class Gateway:
             else:
                 assert self.scheduler is not None
                 deadline = start + self.settings.queue_timeout_s
-                async with self.scheduler.slot(req.runner, deadline) as worker:
+                priority = None
+                if self.settings.scheduling == "oldest_rollout":
+                    priority = self.rollouts.priority(tenant, req.rollout_id, start)
+                async with self.scheduler.slot(req.runner, deadline, priority) as worker:
                     raw = await worker.call("step", session_id=None, **call)
                     index = worker.index
         except SandboxdError as exc:

@@ -2,17 +2,19 @@
 
 Each worker advertises a capacity per runner kind (its warm slots). A step takes
 a slot on the worker with the most free slots of its kind; when none is free it
-waits in a bounded FIFO queue. A full queue answers at once with 429 and a
-Retry-After estimated from the recent step time, instead of letting clients
-time out on reads; a step that waits past its queue deadline fails with 504.
-Both are the infrastructure's failures, never the program's.
+waits in a bounded queue, served lowest priority value first: the arrival time
+(FIFO) unless the gateway gives a step its rollout's start (see rollouts.py).
+A full queue answers at once with 429 and a Retry-After estimated from the
+recent step time, instead of letting clients time out on reads; a step that
+waits past its queue deadline fails with 504. Both are the infrastructure's failures, never the program's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
+import heapq
+import itertools
 import math
 import time
 from collections.abc import AsyncIterator
@@ -25,7 +27,7 @@ from sandboxd.supervisor import WorkerHandle
 @dataclass
 class _Kind:
     free: dict[int, int] = field(default_factory=dict)  # worker index -> free slots
-    waiters: collections.deque[asyncio.Future[int]] = field(default_factory=collections.deque)
+    waiters: list[tuple[float, int, asyncio.Future[int]]] = field(default_factory=list)  # a heap
     inflight: int = 0
     ewma_step_s: float = 0.05
 
@@ -38,6 +40,7 @@ class Scheduler:
         self.kinds: dict[str, _Kind] = {}
         self.closed = False
         self.rejected = 0
+        self._seq = itertools.count()  # ties in priority keep arrival order
         for w in workers:
             self.add_worker(w)
 
@@ -83,20 +86,23 @@ class Scheduler:
     def _hand_over(self, kind: str) -> None:
         k = self.kinds[kind]
         while k.waiters:
-            fut = k.waiters[0]
+            fut = k.waiters[0][2]
             if fut.done():
-                k.waiters.popleft()
+                heapq.heappop(k.waiters)
                 continue
             idx = self._take(kind)
             if idx is None:
                 return
-            k.waiters.popleft()
+            heapq.heappop(k.waiters)
             fut.set_result(idx)
             return
 
     @contextlib.asynccontextmanager
-    async def slot(self, kind: str, deadline: float | None = None) -> AsyncIterator[WorkerHandle]:
-        """Hold one slot of ``kind`` for the duration of the block."""
+    async def slot(
+        self, kind: str, deadline: float | None = None, priority: float | None = None
+    ) -> AsyncIterator[WorkerHandle]:
+        """Hold one slot of ``kind`` for the duration of the block; a lower ``priority`` is served first
+        when steps queue (default: now, i.e. FIFO)."""
         if self.closed:
             raise ShuttingDown("this node is shutting down")
         k = self.kinds.get(kind)
@@ -111,7 +117,8 @@ class Scheduler:
                     retry_after_s=self._retry_after_s(kind),
                 )
             fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            k.waiters.append(fut)
+            rank = time.monotonic() if priority is None else priority
+            heapq.heappush(k.waiters, (rank, next(self._seq), fut))
             wait_s = self.queue_timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 idx = await asyncio.wait_for(asyncio.shield(fut), wait_s)
@@ -148,6 +155,6 @@ class Scheduler:
         self.closed = True
         for k in self.kinds.values():
             while k.waiters:
-                fut = k.waiters.popleft()
+                fut = heapq.heappop(k.waiters)[2]
                 if not fut.done():
                     fut.set_exception(ShuttingDown("this node is shutting down"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,7 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
         "B5",
         "B7",
         "B8",
+        "B9",
         "--preset",
         "smoke",
         "--out",
@@ -116,6 +118,15 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
     assert b5["throughput"]["queries_per_sec"] > 0 and b5["extra"]["pass_rate"] == 1.0
     assert set(b5["extra"]["per_query_latency_ms"]) <= {f"Q{n:02d}" for n in range(1, 23)}
 
+    b9 = json.loads((run_dir / "B9_concurrent" / "c0004.json").read_text())
+    assert b9["throughput"]["rollouts_per_sec"] > 0 and b9["throughput"]["steps_per_sec"] > 0
+    assert b9["latency_ms"]["errors"] == 0, b9["extra"]
+    assert b9["latency_ms"]["rollout"]["p99"] == b9["latency_ms"]["p99"]
+    assert set(b9["latency_ms"]["per_task"]) == {"B1", "B3", "B4", "B5", "B7"}
+    assert b9["extra"]["task_mix"] == {"B3": 0.5, "B1": 0.2, "B5": 0.1, "B4": 0.1, "B7": 0.1}
+    assert 10 <= b9["extra"]["avg_steps_per_rollout"] <= 30
+    assert sum(b9["extra"]["ops_breakdown"].values()) == b9["throughput"]["total_steps"]
+
     b7 = json.loads((run_dir / "B7_textgame" / "c0004.json").read_text())
     assert b7["throughput"]["episodes_per_sec"] > 0 and b7["latency_ms"]["errors"] == 0
     requests = b7["throughput"]["requests_per_sec"] * b7["duration_sec"]
@@ -147,3 +158,48 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
     )
     assert size.returncode == 0, size.stderr
     assert "m9g.4xlarge" in size.stdout and "c7i.large" in size.stdout and "$/1M units" in size.stdout
+
+
+def test_b9_draws_the_suites_mix_and_lengths() -> None:
+    from sandboxd.bench.workloads import ConcurrentMixed
+
+    rng = random.Random(0xB9)
+    rollouts = [ConcurrentMixed.draw(rng) for _ in range(4000)]
+    assert min(map(len, rollouts)) == 10 and max(map(len, rollouts)) == 30
+    assert 19.5 < sum(map(len, rollouts)) / len(rollouts) < 20.5
+    subs = [t for r in rollouts for t in r]
+    for task, weight in ConcurrentMixed.MIX:
+        assert abs(subs.count(task) / len(subs) - weight) < 0.01, task
+    assert ConcurrentMixed.draw(random.Random(7)) == ConcurrentMixed.draw(random.Random(7))
+
+
+async def test_b9_fails_a_rollout_at_its_first_failed_sub_operation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-2xx sub-operation ends the rollout as one error, blamed as the server said; a program's own
+    failure (a snippet that does not pass) does not; every step carries the rollout's id."""
+    from sandboxd.bench import workloads as wl
+
+    seen: list[tuple[str, str]] = []
+
+    class Fake(wl.Workload):
+        def __init__(self, task: str, fail_at: int | None) -> None:
+            self.task, self.fail_at = task, fail_at
+
+        async def op(self, loop: wl.Loop) -> wl.OpResult:
+            seen.append((self.task, loop.state["rollout_id"]))
+            if self.fail_at is not None and len(seen) == self.fail_at:
+                return wl.OpResult(error="HTTP 503 sandbox_setup_failed: boom", blame="infra")
+            return wl.OpResult(passed=False)
+
+    b9 = wl.ConcurrentMixed()
+    tasks = dict.fromkeys(["B1", "B3", "B4", "B5", "B7"])
+    loop = wl.Loop(conn=None, rng=random.Random(1), shared=tasks, options={}, index=0)  # type: ignore[arg-type]
+    for task, _ in b9.MIX:
+        monkeypatch.setitem(wl.WORKLOADS, task, Fake(task, None))
+    ok = await b9.op(loop)
+    assert ok.error is None and ok.steps == len(seen) == len(ok.subs) and 10 <= ok.steps <= 30
+    assert len({rid for _, rid in seen}) == 1 and "rollout_id" not in loop.state
+    seen.clear()
+    for task, _ in b9.MIX:
+        monkeypatch.setitem(wl.WORKLOADS, task, Fake(task, 3))
+    bad = await b9.op(loop)
+    assert bad.error is not None and bad.blame == "infra" and bad.subs == () and len(seen) == 3

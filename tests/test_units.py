@@ -189,3 +189,48 @@ async def test_idempotency_cache_runs_once() -> None:
     assert results == [42] * 5 and calls == 1
     with pytest.raises(errors.BadRequest):
         await cache.run("k", "other", work, keep=lambda _: True)
+
+
+def test_the_rollout_clock_puts_old_rollouts_first_within_bounds() -> None:
+    from sandboxd.rollouts import RolloutClock
+
+    clock = RolloutClock(max_boost_s=100.0, idle_s=50.0, max_rollouts=3)
+    assert clock.priority("t", None, 10.0) == 10.0  # no rollout: arrival order
+    assert clock.priority("t", "r1", 10.0) == 10.0
+    assert clock.priority("t", "r1", 40.0) == 10.0  # its steps keep the rollout's start
+    assert clock.priority("other", "r1", 40.0) == 40.0  # ids are per tenant
+    assert clock.priority("t", "r1", 85.0) == 10.0
+    assert clock.priority("t", "r1", 130.0) == 30.0  # the advantage is capped at max_boost_s
+    assert clock.priority("t", "r1", 200.0) == 200.0  # idle past idle_s: forgotten, starts anew
+    for i in range(5):
+        clock.priority("t", f"x{i}", 201.0 + i)
+    assert len(clock) == 3  # bounded: the least recently used go first
+
+
+async def test_queued_steps_go_lowest_priority_first_and_fifo_without_one() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from sandboxd.scheduler import Scheduler
+
+    worker = SimpleNamespace(index=0, capacity={"k": 1}, alive=True, generation=1)
+    sched = Scheduler([worker], queue_max=10, queue_timeout_s=5.0)  # type: ignore[list-item]
+    order: list[str] = []
+    hold = asyncio.Event()
+
+    async def run(name: str, priority: float | None) -> None:
+        async with sched.slot("k", priority=priority):
+            order.append(name)
+            if name == "first":
+                await hold.wait()
+
+    first = asyncio.ensure_future(run("first", None))
+    await asyncio.sleep(0)
+    waiting = [
+        asyncio.ensure_future(run(name, prio))
+        for name, prio in (("new-a", None), ("old-rollout", 1.0), ("new-b", None), ("older-rollout", 0.5))
+    ]
+    await asyncio.sleep(0.01)
+    hold.set()
+    await asyncio.gather(first, *waiting)
+    assert order == ["first", "older-rollout", "old-rollout", "new-a", "new-b"]

@@ -35,6 +35,13 @@ class StepRequest(BaseModel):
     idempotency_key: str | None = Field(
         None, min_length=1, max_length=256, description="Retries with the same key return the first result."
     )
+    rollout_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="The rollout this step belongs to: when steps queue, the oldest rollout's go first "
+        "(scheduling 'oldest_rollout'); steps without one keep arrival order.",
+    )
 
 
 class BatchRequest(BaseModel):

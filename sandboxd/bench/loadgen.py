@@ -46,6 +46,8 @@ def _record(out: Samples, res: OpResult, ms: float) -> None:
     out.misses += res.misses
     if res.error:
         out.errors += 1
+        who = res.blame or "unknown"
+        out.errors_by_blame[who] = out.errors_by_blame.get(who, 0) + 1
         if len(out.error_examples) < MAX_ERROR_EXAMPLES:
             out.error_examples.append(res.error)
     if res.passed is not None:
@@ -53,6 +55,8 @@ def _record(out: Samples, res: OpResult, ms: float) -> None:
         out.passed += bool(res.passed)
     if res.channel:
         out.channels.setdefault(res.channel, []).append(ms)
+    for channel, sub_ms in res.subs:
+        out.channels.setdefault(channel, []).append(sub_ms)
 
 
 async def _child_main(level: Level) -> Samples:
@@ -138,6 +142,8 @@ def run_level(
         res.reward += out.reward
         res.misses += out.misses
         res.error_examples += out.error_examples
+        for who, n in out.errors_by_blame.items():
+            res.errors_by_blame[who] = res.errors_by_blame.get(who, 0) + n
     for p in ps:
         p.join()
     if fatal is not None:

@@ -35,6 +35,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "duration": 3.0,
         "cooldown": 0.0,
         "concurrency": [1, 4],
+        "b9_concurrency": [4],
         "b8_trials": 40,
         "b8_cold_trials": 6,
     },
@@ -43,6 +44,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "duration": 20.0,
         "cooldown": 2.0,
         "concurrency": [1, 8, 32],
+        "b9_concurrency": [8, 32],
         "b8_trials": 300,
         "b8_cold_trials": 30,
     },
@@ -51,6 +53,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "duration": 300.0,
         "cooldown": 60.0,
         "concurrency": [1, 8, 32, 128],
+        "b9_concurrency": [64, 256, 1024],
         "b8_trials": 1000,
         "b8_cold_trials": 200,
     },
@@ -65,9 +68,13 @@ class Plan:
     duration: float
     cooldown: float
     concurrency: list[int]
+    b9_concurrency: list[int]  # B9's own levels (the suite's 64, 256, 1024 in full), unless --concurrency
     b8_trials: int
     b8_cold_trials: int
     preset: str
+
+    def levels(self, workload: str) -> list[int]:
+        return self.b9_concurrency if workload == "B9" else self.concurrency
 
 
 def _versions() -> dict[str, str]:
@@ -165,7 +172,7 @@ def run_timed(
         "concurrency": c,
         "duration_sec": duration,
         "throughput": throughput,
-        "latency_ms": summary(s.latencies_ms, s.errors),
+        "latency_ms": wl.latency(s),
         "resource": sampler.result(s.client_cpu_s, duration, ncpu),
         "cost": _cost(instance, primary),
         "extra": extra,
@@ -173,7 +180,7 @@ def run_timed(
     }
     graded = f"  pass {extra['pass_rate']}" if "pass_rate" in extra else ""
     progress.end(
-        f"{wl_id} c={c:<4} {primary:9.1f} {wl.rate_unit}  p99 {result['latency_ms']['p99']} ms{graded}"
+        f"{wl_id} c={c:<4} {primary:9.2f} {wl.rate_unit}  p99 {result['latency_ms']['p99']} ms{graded}"
         f"  errors {s.errors}  host cpu {result['resource']['cpu_util_avg']}%"
         f"  client {result['resource']['client_cpu_cores']} cores"
     )
@@ -230,10 +237,11 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
     instance = describe(instance_type)
     run_dir: Path = out_dir / instance["arch"] / f"{instance['instance_type']}_{_timestamp()}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    levels = sum(len(plan.concurrency) for _ in plan.workloads)
+    levels = sum(len(plan.levels(wl)) for wl in plan.workloads)
     progress = Progress(levels)
     print(
-        f"sandboxd bench {' '.join(plan.workloads)} preset={plan.preset} levels={plan.concurrency} "
+        f"sandboxd bench {' '.join(plan.workloads)} preset={plan.preset} "
+        f"levels={', '.join(f'{w}:{plan.levels(w)}' for w in plan.workloads)} "
         f"on {instance['vcpus']} vCPU {instance['cpu_model']} ({instance['instance_type']}) -> {run_dir}",
         flush=True,
     )
@@ -252,7 +260,7 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
             folder = run_dir / f"{wl}_{WORKLOADS[wl].name}"
             folder.mkdir(exist_ok=True)
             runs = []
-            for c in plan.concurrency:
+            for c in plan.levels(wl):
                 try:
                     res = (
                         run_b8(base, cold_base, c, plan, instance, progress)
@@ -279,6 +287,7 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
             "duration_sec": plan.duration,
             "cooldown_sec": plan.cooldown,
             "concurrencies": plan.concurrency,
+            "b9_concurrencies": plan.b9_concurrency,
             "b8_trials": plan.b8_trials,
             "b8_cold_trials": plan.b8_cold_trials,
             "target": target or "embedded",
@@ -298,4 +307,6 @@ def make_plan(workloads: list[str], preset: str, **overrides: Any) -> Plan:
         raise ValueError(f"unknown or not yet available workloads {unknown}; available: {known}")
     values = dict(PRESETS[preset])
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if overrides.get("concurrency") is not None:
+        values["b9_concurrency"] = overrides["concurrency"]  # levels asked for are every workload's
     return Plan(workloads=workloads or known, preset=preset, **values)

@@ -15,6 +15,7 @@ Adding a workload is a class here and one line in ``WORKLOADS``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import shutil
@@ -34,6 +35,8 @@ class OpResult:
     steps: int = 0  # B3: tool calls, B4: actions, B7: game steps
     reward: float = 0.0  # B7: reward collected
     misses: int = 0  # B4: actions that failed (selector misses, by design of the suite's templates)
+    subs: tuple[tuple[str, float], ...] = ()  # B9: (task, ms) of each sub-operation, for per-task channels
+    blame: str | None = None  # with error: whose failure the server said it was (client, infra, ...)
 
 
 @dataclass
@@ -65,6 +68,7 @@ class Samples:
     client_cpu_s: float = 0.0
     nprocs: int = 0
     error_examples: list[str] = field(default_factory=list)
+    errors_by_blame: dict[str, int] = field(default_factory=dict)
 
     @property
     def pass_rate(self) -> float | None:
@@ -108,6 +112,10 @@ class Workload:
     def extra(self, s: Samples) -> dict[str, Any]:
         return {}
 
+    def latency(self, s: Samples) -> dict[str, Any]:
+        """The result's ``latency_ms`` block (its flat p50/p99... are what tables and sizing read)."""
+        return summary(s.latencies_ms, s.errors)
+
 
 def pool_breakdown(pool: list[tuple[str, list[Any]]], templates: dict[str, int], seed: int, avg: str) -> dict[str, Any]:
     """How a seeded pool of trajectories is made up, in the public suite's keys."""
@@ -119,7 +127,15 @@ def pool_breakdown(pool: list[tuple[str, list[Any]]], templates: dict[str, int],
 
 
 async def step(loop: Loop, body: dict[str, Any]) -> tuple[int, Any]:
+    """One step; inside a B9 rollout it carries the rollout's id (rollout-aware scheduling)."""
+    if "rollout_id" in loop.state:
+        body = {**body, "rollout_id": loop.state["rollout_id"]}
     return await loop.conn.request("POST", "/rollout/step", body)
+
+
+def blame_of(body: Any) -> str | None:
+    err = (body or {}).get("error") if isinstance(body, dict) else None
+    return err.get("blame") if isinstance(err, dict) else None
 
 
 class CodeExec(Workload):
@@ -146,7 +162,7 @@ class CodeExec(Workload):
             body["session_id"] = loop.state["session_id"]
         status, result = await step(loop, body)
         if status != 200:
-            return OpResult(error=http_error(status, result))
+            return OpResult(error=http_error(status, result), blame=blame_of(result))
         return OpResult(passed=bool(result["ok"]))
 
     def extra(self, s: Samples) -> dict[str, Any]:
@@ -221,7 +237,7 @@ class ToolCall(Workload):
         name, steps = loop.shared[loop.rng.randrange(len(loop.shared))]
         status, info = await loop.conn.request("POST", "/sessions", {"runner": "tools"})
         if status != 201:
-            return OpResult(error=http_error(status, info, " creating a session"), channel=name)
+            return OpResult(error=http_error(status, info, " creating a session"), channel=name, blame=blame_of(info))
         sid = info["session_id"]
         ok = True
         try:
@@ -229,7 +245,7 @@ class ToolCall(Workload):
                 body = {"runner": "tools", "action": {"tool": tool, "args": args}, "session_id": sid}
                 status, result = await step(loop, body)
                 if status != 200:
-                    return OpResult(error=http_error(status, result), channel=name)
+                    return OpResult(error=http_error(status, result), channel=name, blame=blame_of(result))
                 ok = ok and result["observation"]["error"] is None
         finally:
             await loop.conn.request("DELETE", f"/sessions/{sid}")
@@ -268,7 +284,7 @@ class SQLExec(Workload):
         status, result = await step(loop, {"runner": "sql", "action": {"tpch": n}, "timeout_s": 60})
         channel = f"Q{n:02d}"
         if status != 200:
-            return OpResult(error=http_error(status, result), channel=channel)
+            return OpResult(error=http_error(status, result), channel=channel, blame=blame_of(result))
         return OpResult(passed=bool(result["ok"]), channel=channel)
 
     def throughput(self, s: Samples, duration_s: float) -> dict[str, Any]:
@@ -297,7 +313,7 @@ class TextGame(Workload):
         action = {"op": "episodes", "seed": loop.rng.randrange(2**30), "steps": steps, "batch": self.batch}
         status, result = await step(loop, {"runner": "textgame", "action": action})
         if status != 200:
-            return OpResult(error=http_error(status, result), units=0)
+            return OpResult(error=http_error(status, result), units=0, blame=blame_of(result))
         obs = result["observation"]
         return OpResult(units=obs["episodes"], steps=obs["steps_done"], reward=obs["total_reward"])
 
@@ -341,7 +357,7 @@ class Browser(Workload):
         name, actions = loop.shared[loop.rng.randrange(len(loop.shared))]
         status, result = await step(loop, {"runner": "browser", "action": {"actions": actions}, "timeout_s": 120})
         if status != 200:
-            return OpResult(error=http_error(status, result), channel=name)
+            return OpResult(error=http_error(status, result), channel=name, blame=blame_of(result))
         obs = result["observation"]
         return OpResult(channel=name, steps=len(obs["results"]), misses=obs["actions_failed"])
 
@@ -392,6 +408,88 @@ class BrowserBaseline(Browser):
         return OpResult(channel=name, steps=result["actions"], misses=result["steps_failed"])
 
 
+class ConcurrentMixed(Workload):
+    """B9: one op = a rollout of U{10..30} sequential sub-operations, each a whole unit of B3/B1/B5/B4/B7.
+
+    Drawn as the public suite does (cumulative weights over ``rng.random()``;
+    B3 and B4 from pools built with seeds 93 and 94; B5's query uniform over
+    1..22). The first failed sub-operation (a non-2xx answer) fails the
+    rollout, whose partial channels are dropped; a program's own failure (a
+    snippet that does not pass) does not. Every step carries the rollout's id.
+    """
+
+    id, name, title, unit = "B9", "concurrent", "Concurrent-Rollout", "rollout"
+    rate_unit = "rollouts/s"
+    runners = ("browser", "python", "sql", "textgame", "tools")
+    throughput_key, seed_base = "rollouts_per_sec", 0xB9
+    min_duration_s = 20.0
+    MIX: ClassVar[tuple[tuple[str, float], ...]] = (("B3", 0.5), ("B1", 0.2), ("B5", 0.1), ("B4", 0.1), ("B7", 0.1))
+    LENGTH: ClassVar[tuple[int, int]] = (10, 30)
+    SEEDS: ClassVar[dict[str, int]] = {"B3": 93, "B4": 94}
+
+    def setup(self, options: dict[str, Any]) -> dict[str, Any]:
+        from sandboxd.bench.browser_trajectories import build_pool as browser_pool
+        from sandboxd.bench.trajectories import build_pool as tools_pool
+
+        return {
+            "B1": WORKLOADS["B1"].setup(options),
+            "B3": tools_pool(self.SEEDS["B3"]),
+            "B4": browser_pool(self.SEEDS["B4"]),
+            "B5": None,
+            "B7": None,
+        }
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> list[str]:
+        """One rollout's sub-operations, in order."""
+        total = sum(w for _, w in cls.MIX)
+        out = []
+        bounds = list(itertools.accumulate(w for _, w in cls.MIX))
+        for _ in range(rng.randint(*cls.LENGTH)):
+            x = rng.random() * total
+            out.append(next((t for (t, _), b in zip(cls.MIX, bounds, strict=True) if x < b), cls.MIX[-1][0]))
+        return out
+
+    async def op(self, loop: Loop) -> OpResult:
+        tasks = self.draw(loop.rng)
+        loop.state["rollout_id"] = f"b9-{os.getpid()}-{loop.index}-{loop.rng.getrandbits(48):x}"
+        subs: list[tuple[str, float]] = []
+        try:
+            for task in tasks:
+                sub = Loop(loop.conn, loop.rng, loop.shared[task], loop.options, loop.index, loop.state)
+                t = asyncio.get_running_loop().time()
+                res = await WORKLOADS[task].op(sub)
+                if res.error:
+                    return OpResult(error=f"{task}: {res.error}", blame=res.blame)
+                subs.append((task, (asyncio.get_running_loop().time() - t) * 1000))
+        finally:
+            del loop.state["rollout_id"]
+        return OpResult(steps=len(tasks), subs=tuple(subs))
+
+    def throughput(self, s: Samples, duration_s: float) -> dict[str, Any]:
+        return {
+            self.throughput_key: round(s.ops / duration_s, 3),
+            "steps_per_sec": round(s.steps / duration_s, 2),
+            "total_rollouts": s.ops,
+            "total_steps": s.steps,
+        }
+
+    def latency(self, s: Samples) -> dict[str, Any]:
+        rollout = summary(s.latencies_ms, s.errors)
+        per_task = {t: {"ops": len(s.channels.get(t, [])), **summary(s.channels.get(t, []))} for t, _ in self.MIX}
+        return {**rollout, "rollout": rollout, "per_task": per_task}
+
+    def extra(self, s: Samples) -> dict[str, Any]:
+        return {
+            "task_mix": dict(self.MIX),
+            "episode_steps_range": list(self.LENGTH),
+            "avg_steps_per_rollout": round(s.steps / (s.ops - s.errors), 2) if s.ops > s.errors else None,
+            "ops_breakdown": {t: len(s.channels.get(t, [])) for t, _ in self.MIX},
+            "failures_by_blame": dict(s.errors_by_blame),
+            "pool_seeds": self.SEEDS,
+        }
+
+
 class ColdStart(Workload):
     """B8: a fresh isolated sandbox running ``print(1)``; N trials, not a time window (``coldstart.py``)."""
 
@@ -412,6 +510,7 @@ WORKLOADS: dict[str, Workload] = {
         SQLExec(),
         TextGame(),
         ColdStart(),
+        ConcurrentMixed(),
         CodeExecSession(),
         CodeExecBaseline(),
     )

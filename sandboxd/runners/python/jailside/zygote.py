@@ -278,23 +278,24 @@ def _loopback_up() -> None:
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
 
 
-def _setup_namespaces(tmpfs_bytes: int, session: bool) -> None:
+def _setup_namespaces(tmpfs_bytes: int, session: bool) -> int:
     # Mounts made here stay here: the zygote made its whole tree private at start.
     _mount("tmpfs", WORKDIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=0700")
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     if session:
         _loopback_up()
-    with open("/proc/self/oom_score_adj", "w") as f:
-        f.write("1000")  # under memory pressure, the program dies first
+    # Opened now: once not dumpable, /proc/self belongs to root and could not be opened for writing.
+    oom_adj = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
     _libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no /proc/1/mem for its descendants
+    return oom_adj
 
 
 def executor_main(
     sock: socket.socket, out_w: int, err_w: int, filter_program: bytes, mode: str, tmpfs_bytes: int
 ) -> int:
     try:
-        _setup_namespaces(tmpfs_bytes, mode == "session")
+        oom_adj = _setup_namespaces(tmpfs_bytes, mode == "session")
         os.chdir(WORKDIR)
         seccomp.drop_capabilities()
         seccomp.install(filter_program)
@@ -315,6 +316,11 @@ def executor_main(
         req, body = wire.recv_frame(sock)
     except wire.WireError:
         return 0
+    # Only now, with a program to run, is this executor the one to kill first under memory pressure.
+    # Marked while it waited, a prepared executor could be the OOM killer's pick while the slot's
+    # running program outgrew the limit, and the next, honest program was then found killed.
+    os.write(oom_adj, b"1000")
+    os.close(oom_adj)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
     os.close(out_w)
