@@ -23,7 +23,7 @@ class _Seen:
 
 
 class RolloutClock:
-    def __init__(self, max_boost_s: float = 300.0, idle_s: float = 600.0, max_rollouts: int = 100_000) -> None:
+    def __init__(self, max_boost_s: float = 10.0, idle_s: float = 600.0, max_rollouts: int = 100_000) -> None:
         self.max_boost_s = max_boost_s
         self.idle_s = idle_s
         self.max_rollouts = max_rollouts

@@ -155,3 +155,10 @@ async def test_clients_cannot_mint_metric_labels(http: httpx.AsyncClient) -> Non
         assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_runner"
     text = (await http.get("/metrics")).text
     assert "zz-label" not in text and 'runner="unknown"' in text
+
+
+async def test_steps_may_name_their_rollout(http: httpx.AsyncClient) -> None:
+    r = await http.post("/rollout/step", json=fake({"echo": "x"}, rollout_id="rollout-7"))
+    assert r.status_code == 200 and r.json()["observation"]["echo"] == "x", r.text
+    bad = await http.post("/rollout/step", json=fake({"echo": "x"}, rollout_id="r" * 200))
+    assert bad.status_code == 422 and "rollout_id" in bad.json()["error"]["message"], bad.text
