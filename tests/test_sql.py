@@ -183,10 +183,10 @@ async def test_spill_is_private_bounded_and_removed(http: httpx.AsyncClient) -> 
     # Past the engine's spill budget (temp_mb 128) a statement fails on its own; nothing grows on disk.
     big = "CREATE TEMP TABLE u AS SELECT range AS a, md5(range::VARCHAR) || md5((range + 1)::VARCHAR) AS b FROM range(40000000)"
     r = await sql(http, {"query": big}, a, timeout_s=60)
-    assert r["error"]["code"] == "program_killed" and r["error"]["blame"] == "program", r
-    assert "spill limit" in r["observation"]["error"]
+    assert over_the_spill_budget(r), r
     assert (await sql(http, {"query": "SELECT count(*) FROM t"}, b))["observation"]["rows"] == [[n]]
-    assert (await http.delete(f"/sessions/{a}")).status_code == 404  # it ended with that statement
+    # killed at the spill limit, the session ended with that statement; failed a write, it lives on
+    assert (await http.delete(f"/sessions/{a}")).status_code in (204, 404)
     assert (await http.delete(f"/sessions/{b}")).status_code == 204
     for cwd in mine.values():
         assert not Path(cwd).exists(), cwd
@@ -211,7 +211,7 @@ async def test_engines_are_unprivileged_and_offline(http: httpx.AsyncClient) -> 
 async def test_one_shots_share_no_files_and_no_leftover_memory(http: httpx.AsyncClient) -> None:
     """A slot engine serves one-shots of many clients in turn: what one leaves must not reach the next."""
     plant = (
-        "CREATE TEMP TABLE big AS SELECT range FROM range(40000000); "  # outgrows memory: the spill dir appears
+        "CREATE TEMP TABLE big AS SELECT range FROM range(25000000); "  # outgrows memory: the spill dir appears
         "COPY (SELECT 'secret-of-tenant-a' AS s) TO 'spill/leak.csv'"
     )
     r = await sql(http, {"query": plant}, timeout_s=60)
@@ -227,7 +227,7 @@ async def test_one_shots_share_no_files_and_no_leftover_memory(http: httpx.Async
 
 async def test_spill_in_subdirectories_counts_against_the_budget(http: httpx.AsyncClient) -> None:
     s = await open_session(http)
-    r = await sql(http, {"query": "CREATE TEMP TABLE big AS SELECT range FROM range(40000000)"}, s, timeout_s=60)
+    r = await sql(http, {"query": "CREATE TEMP TABLE big AS SELECT range FROM range(25000000)"}, s, timeout_s=60)
     assert r["ok"], r
     copy = (
         "COPY (SELECT 1 AS p, repeat('z', 1000) || i::VARCHAR AS s FROM range(150000) t(i)) "
@@ -237,7 +237,19 @@ async def test_spill_in_subdirectories_counts_against_the_budget(http: httpx.Asy
         r = await sql(http, {"query": copy.format(k=k)}, s, timeout_s=60)
         if not r["ok"]:
             break
-    assert r["error"]["code"] == "program_killed" and "spill limit" in r["observation"]["error"], r
+    assert over_the_spill_budget(r), r
+
+
+def over_the_spill_budget(r: dict[str, Any]) -> bool:
+    """Either way the budget holds: one file past it fails its write (EFBIG, the statement's error), or
+    the directory as a whole past it gets the engine killed."""
+    err = r["error"] or {}
+    if err.get("blame") != "program":
+        return False
+    message = r["observation"]["error"] or ""
+    return (err["code"] == "program_killed" and "spill limit" in message) or (
+        err["code"] == "action_error" and "File too large" in message
+    )
 
 
 async def test_huge_errors_and_column_names_are_the_programs_and_capped(http: httpx.AsyncClient) -> None:
