@@ -198,6 +198,17 @@ class SQLRunner:
             limits_hit=("time",),
         )
 
+    def _killed(self, limit: str, what: str, tpch: int | None, session_alive: bool) -> StepOutcome:
+        self.stats[f"killed_{limit}"] += 1
+        msg = f"the statement was killed at its {what}"
+        return StepOutcome(
+            SQLObservation(error=msg, tpch=tpch),
+            ProgramFailure("program_killed", msg),
+            session_alive=session_alive,
+            killed_by=limit,
+            limits_hit=(limit,),
+        )
+
     async def _engine_ended(
         self, engine: Engine, req: dict[str, Any], tpch: int | None, session_id: str | None, oom_before: int, why: str
     ) -> StepOutcome:
@@ -215,26 +226,9 @@ class SQLRunner:
             self.stats["interrupted"] += 1
             return self._timed_out(req, tpch, float(req["timeout_s"]) * 1000, session_alive=alive)
         if by_us == "disk":
-            self.stats["killed_disk"] += 1
-            msg = f"the statement was killed at its spill limit ({self.cfg.temp_mb} MiB of temp disk)"
-            return StepOutcome(
-                SQLObservation(error=msg, tpch=tpch),
-                ProgramFailure("program_killed", msg),
-                session_alive=alive,
-                killed_by="disk",
-                limits_hit=("disk",),
-            )
+            return self._killed("disk", f"spill limit ({self.cfg.temp_mb} MiB of temp disk)", tpch, alive)
         if oom:
-            self.stats["killed_memory"] += 1
-            msg = f"the statement was killed at its memory limit ({self.cfg.memory_mb} MiB)"
-            obs = SQLObservation(error=msg, tpch=tpch)
-            return StepOutcome(
-                obs,
-                ProgramFailure("program_killed", msg),
-                session_alive=alive,
-                killed_by="memory",
-                limits_hit=("memory",),
-            )
+            return self._killed("memory", f"memory limit ({self.cfg.memory_mb} MiB)", tpch, alive)
         self.stats["engine_lost"] += 1
         if session_id is not None:
             raise SessionLost(
