@@ -183,7 +183,9 @@ async def test_spill_is_private_bounded_and_removed(http: httpx.AsyncClient) -> 
     # Past the engine's spill budget (temp_mb 128) a statement fails on its own; nothing grows on disk.
     big = "CREATE TEMP TABLE u AS SELECT range AS a, md5(range::VARCHAR) || md5((range + 1)::VARCHAR) AS b FROM range(40000000)"
     r = await sql(http, {"query": big}, a, timeout_s=60)
-    assert over_the_spill_budget(r), r
+    # Its own limits stop it (spill budget, or memory first, depending on how DuckDB pages it): the program's.
+    assert over_the_spill_budget(r) or (r["error"] or {}).get("code") == "program_killed", r
+    assert r["error"]["blame"] == "program"
     assert (await sql(http, {"query": "SELECT count(*) FROM t"}, b))["observation"]["rows"] == [[n]]
     # killed at the spill limit, the session ended with that statement; failed a write, it lives on
     assert (await http.delete(f"/sessions/{a}")).status_code in (204, 404)
