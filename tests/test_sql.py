@@ -285,5 +285,7 @@ async def test_a_storm_of_session_creates_spreads_over_workers(http: httpx.Async
     made = await asyncio.gather(*(http.post("/sessions", json={"runner": "sql"}) for _ in range(16)))
     assert all(r.status_code == 201 for r in made)
     workers = [r.json()["worker"] for r in made]
-    assert sorted(workers.count(w) for w in (0, 1)) == [8, 8], workers
+    # Placement counts opens in flight: before, a storm saw empty counts and all of it went to one worker.
+    # (Sessions of earlier tests may still be open, so the split evens the totals, not these 16.)
+    assert min(workers.count(w) for w in (0, 1)) >= 4, workers
     await asyncio.gather(*(http.delete(f"/sessions/{r.json()['session_id']}") for r in made))
