@@ -74,6 +74,7 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
     assert (
         "<svg" in html
         and "B1 throughput" in html
+        and "B9 per task" in html
         and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
     )
 

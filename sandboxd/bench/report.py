@@ -58,7 +58,9 @@ def _plot(title: str, series: dict[str, list[tuple[int, float]]], y_label: str) 
         parts.append(f'<text x="{sx(x):.1f}" y="{h - bottom + 16}" text-anchor="middle" font-size="11">{x}</text>')
     for i in range(5):
         y = ymax * i / 4
-        parts.append(f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end" font-size="11">{y:,.0f}</text>')
+        parts.append(
+            f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end" font-size="11">{y:,.{0 if ymax >= 10 else 2}f}</text>'
+        )
         parts.append(f'<line x1="{left}" y1="{sy(y):.1f}" x2="{w - right}" y2="{sy(y):.1f}" stroke="#ddd"/>')
     for k, (name, s) in enumerate(series.items()):
         color = colors[k % len(colors)]
@@ -69,11 +71,38 @@ def _plot(title: str, series: dict[str, list[tuple[int, float]]], y_label: str) 
             parts.append(
                 f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3.5" fill="{color}"><title>c={x}: {y:,.1f}</title></circle>'
             )
-        lx = left + 10 + 130 * k  # legend in a row above the plot area, never over the data
+        lx = left + 10 + min(130, (w - left - right) // max(len(series), 1)) * k  # a row above the plot area
         parts.append(f'<rect x="{lx}" y="{top - 16}" width="10" height="10" fill="{color}"/>')
         parts.append(f'<text x="{lx + 14}" y="{top - 7}" font-size="12" fill="{color}">{html.escape(name)}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _per_task(runs: list[dict[str, Any]]) -> str:
+    """B9: each sub-operation kind inside the mix, per level (the suite's per-task table), and its p99."""
+    rows: list[str] = []
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in runs:
+        extra = r.get("extra") or {}
+        mix = extra.get("task_mix") or {}
+        for task, st in (r["latency_ms"].get("per_task") or {}).items():
+            rows.append(
+                f"<tr><td>{task}</td><td>{r['concurrency']}</td><td>{_fmt(mix.get(task), 2)}</td>"
+                f"<td>{_fmt(st.get('ops'), 0)}</td><td>{_fmt(st.get('p50'))}</td><td>{_fmt(st.get('p95'))}</td>"
+                f"<td>{_fmt(st.get('p99'))}</td><td>{_fmt(st.get('mean'))}</td><td>{_fmt(st.get('max'))}</td></tr>"
+            )
+            if st.get("p99") is not None:
+                series.setdefault(task, []).append((r["concurrency"], float(st["p99"])))
+    avg = ", ".join(
+        f"c={r['concurrency']}: {_fmt((r.get('extra') or {}).get('avg_steps_per_rollout'), 2)}" for r in runs
+    )
+    return (
+        f"<h3>B9 per task (avg steps/rollout {html.escape(avg)})</h3>"
+        "<table><thead><tr><th>Task</th><th>Concurrency</th><th>Weight</th><th>Ops</th><th>p50 ms</th>"
+        "<th>p95 ms</th><th>p99 ms</th><th>Mean ms</th><th>Max ms</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+        f"<div class='plots'>{_plot('B9 p99 per task', series, 'ms')}</div>"
+    )
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -108,11 +137,13 @@ def render(doc: dict[str, Any]) -> str:
                 (r["concurrency"], ((r["extra"].get("warm_pool_disabled") or {}).get("latency_ms") or {}).get("p99"))
                 for r in runs
             ]
+        per_task = _per_task(runs) if bench == "B9" else ""
         plots.append(
             f"<h2>{bench} {TITLES.get(bench, '')}</h2><div class='plots'>"
             + _plot(f"{bench} throughput", {UNITS.get(bench, "ops/s"): pts_t}, UNITS.get(bench, "ops/s"))
             + _plot(f"{bench} latency", series_p, "ms")
             + "</div>"
+            + per_task
         )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>sandboxd bench — {html.escape(inst["instance_type"])}</title>
