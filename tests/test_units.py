@@ -234,3 +234,37 @@ async def test_queued_steps_go_lowest_priority_first_and_fifo_without_one() -> N
     hold.set()
     await asyncio.gather(first, *waiting)
     assert order == ["first", "older-rollout", "old-rollout", "new-a", "new-b"]
+
+
+async def test_a_closed_engine_never_signals_the_fd_number_it_had(tmp_path: Path) -> None:
+    """A kill after close once SIGKILLed whatever pidfd the worker opened next under the same number
+    (seen in the soak: idle python executors and a python session killed)."""
+    import asyncio
+    import os
+    import socket
+    import subprocess
+    from types import SimpleNamespace
+
+    from sandboxd.runners.sql.engines import Engine
+
+    first = subprocess.Popen(["sleep", "30"])
+    ours, _theirs = socket.socketpair()
+    reader, writer = await asyncio.open_unix_connection(sock=ours)
+    cgroup = SimpleNamespace(remove=lambda: True)
+    engine = Engine("e1", first.pid, os.pidfd_open(first.pid), reader, writer, cgroup, tmp_path / "e1", 1 << 20)  # type: ignore[arg-type]
+    number = engine.pidfd
+    await engine.close()
+    assert first.wait(5) == -9
+    bystander = subprocess.Popen(["sleep", "30"])
+    reused = os.pidfd_open(bystander.pid)
+    os.dup2(reused, number)  # the number the engine had now names someone else's process
+    try:
+        engine.kill("closed")
+        await asyncio.sleep(0.1)
+        assert bystander.poll() is None
+    finally:
+        os.close(reused)
+        os.close(number)
+        _theirs.close()
+        bystander.kill()
+        bystander.wait()

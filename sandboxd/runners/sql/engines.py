@@ -101,8 +101,12 @@ class Engine:
             return False
 
     def kill(self, reason: str | None = None) -> None:
+        """SIGKILL through the pidfd; a no-op once closed. (Before, a kill after close signalled whatever
+        the worker had reopened under that fd number: a python executor's pidfd, found SIGKILLed idle.)"""
         if self.killed_by is None:
             self.killed_by = reason
+        if self.pidfd < 0:
+            return
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
 
@@ -115,7 +119,8 @@ class Engine:
         self.writer.close()
         with contextlib.suppress(Exception):
             await self.writer.wait_closed()
-        os.close(self.pidfd)
+        pidfd, self.pidfd = self.pidfd, -1  # never used again: the number will be someone else's
+        os.close(pidfd)
         await asyncio.to_thread(self._clean)
 
     def _clean(self) -> None:
