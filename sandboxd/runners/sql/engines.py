@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +22,13 @@ from typing import Any
 
 import orjson
 
+from sandboxd import ipc
 from sandboxd.errors import SandboxSetupError
 from sandboxd.runners.cgroups import CgroupGroup
+from sandboxd.runners.sql.engine import SPILL_DIR
 
-SPILL_DIR = "spill"  # the engine's spill directory, relative to its own (see engine.py)
-SPAWN_TIMEOUT_S = 20.0
-MAX_SPILL_ENTRIES = 10_000  # fork + opening the database; generous for a loaded machine
+SPAWN_TIMEOUT_S = 20.0  # fork + opening the database; generous for a loaded machine
+MAX_SPILL_ENTRIES = 10_000
 
 
 class EngineGone(Exception):
@@ -36,16 +36,11 @@ class EngineGone(Exception):
 
 
 async def read_frame(reader: asyncio.StreamReader, limit: int) -> dict[str, Any] | None:
+    """The engine's next answer (``ipc`` framing), None once it closed; a bad frame is ``EngineGone``."""
     try:
-        head = await reader.readexactly(4)
-        (n,) = struct.unpack(">I", head)
-        if n > limit:
-            raise EngineGone(f"the engine sent a frame of {n} bytes (limit {limit})")
-        body = await reader.readexactly(n)
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return None
-    out: dict[str, Any] = orjson.loads(body)
-    return out
+        return await ipc.read(reader, limit)
+    except ValueError as exc:
+        raise EngineGone(f"the engine sent a bad frame: {exc}") from None
 
 
 @dataclass(eq=False)  # compared and hashed by identity: a set of live engines
@@ -64,9 +59,8 @@ class Engine:
 
     async def request(self, body: dict[str, Any], deadline_s: float) -> dict[str, Any]:
         """Send a statement, wait for its answer; past ``deadline_s`` the engine is killed (``EngineGone``)."""
-        data = orjson.dumps(body)
         try:
-            self.writer.write(struct.pack(">I", len(data)) + data)
+            self.writer.write(ipc.pack(body))
             await self.writer.drain()
             answer = await asyncio.wait_for(read_frame(self.reader, self.frame_limit), deadline_s)
         except TimeoutError:
