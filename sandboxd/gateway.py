@@ -83,8 +83,8 @@ class Gateway:
         self.started = False
         self.draining = False
         self.rollouts = RolloutClock(max_boost_s=self.settings.rollout_max_boost_s)
-        self._opening_by_worker: dict[tuple[str, int], int] = {}  # session opens in flight, for placement
-        self._opening_by_tenant: dict[str, int] = {}  # and for the tenant's session quota
+        self._opening_by_worker: Counter[tuple[str, int]] = Counter()  # session opens in flight, for placement
+        self._opening_by_tenant: Counter[str] = Counter()  # and for the tenant's session quota
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -367,7 +367,7 @@ class Gateway:
             raise ShuttingDown("this node is shutting down; create the session on another node")
         s = self.settings
         # Sessions being opened count too: a storm of concurrent creates all saw the store before any was put.
-        held = await self.sessions.count(tenant=tenant) + self._opening_by_tenant.get(tenant, 0)
+        held = await self.sessions.count(tenant=tenant) + self._opening_by_tenant[tenant]
         if held >= s.tenant_max_sessions:
             raise Saturated(
                 f"this tenant holds {held} sessions (tenant_max_sessions {s.tenant_max_sessions}); close some first",
@@ -380,11 +380,11 @@ class Gateway:
             raise Saturated(f"no live worker serves runner {req.runner!r}", retry_after_s=1.0)
         per_worker = await self.sessions.per_worker(req.runner)
         opening = self._opening_by_worker
-        worker = min(alive, key=lambda w: per_worker.get(w.index, 0) + opening.get((req.runner, w.index), 0))
+        worker = min(alive, key=lambda w: per_worker.get(w.index, 0) + opening[(req.runner, w.index)])
         sid = new_session_id(self.node_id)
         where = (req.runner, worker.index)
-        opening[where] = opening.get(where, 0) + 1
-        self._opening_by_tenant[tenant] = self._opening_by_tenant.get(tenant, 0) + 1
+        opening[where] += 1
+        self._opening_by_tenant[tenant] += 1
         try:
             await worker.call("open", runner=req.runner, session_id=sid, options=req.options)
             rec = SessionRecord(sid, req.runner, tenant, self.node_id, worker.index, worker.generation, ttl, idle)
@@ -392,7 +392,7 @@ class Gateway:
         finally:
             opening[where] -= 1
             self._opening_by_tenant[tenant] -= 1
-            if not self._opening_by_tenant[tenant]:
+            if not self._opening_by_tenant[tenant]:  # tenants come and go: keep no zero entries
                 del self._opening_by_tenant[tenant]
         self.metrics.sessions.labels(req.runner).set(await self.sessions.count(req.runner))
         return SessionInfo.model_validate(rec.describe())

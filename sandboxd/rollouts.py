@@ -5,9 +5,12 @@ step of a rollout that started long ago should not queue behind a step of one
 that started a moment ago. A step's priority is when its rollout was first
 seen (per tenant: rollout ids are the client's names), or, without a rollout
 id, its own arrival: FIFO among those. The advantage is capped at
-``max_boost_s``, so an id kept alive for hours cannot put a client ahead of
-everyone forever; ids idle for ``idle_s`` are forgotten, and at most
-``max_rollouts`` are remembered (the least recently used go first).
+``max_boost_s``: a step can be overtaken only by steps of rollouts that started
+at most that long before it arrived, so its wait stays bounded (a 300 s cap
+starved young rollouts past the 30 s queue timeout at saturation), and an id
+kept alive for hours cannot put a client ahead of everyone. Ids idle for
+``idle_s`` are forgotten, and at most ``max_rollouts`` are remembered (the
+least recently used go first).
 """
 
 from __future__ import annotations

@@ -280,7 +280,6 @@ class BrowserRunner:
         await tab.page.evaluate("window.name = ''")
         await tab.context.clear_cookies()
         await tab.cdp.send("Page.resetNavigationHistory")
-        tab.origins.clear()
         tab.title = None
 
     async def _dispose(self, tab: Tab) -> None:

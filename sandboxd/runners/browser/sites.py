@@ -61,12 +61,16 @@ class Sites:
                 raise ValueError(f"site {name!r}: {root} is not a directory")
         return cls(roots)
 
+    def site_of(self, host: str) -> str | None:
+        """The site a host name (no port) names, if it is one of ours: ``shop.sandboxd`` -> ``shop``."""
+        name = host.lower()
+        site = name[: -len(SITE_SUFFIX)] if name.endswith(SITE_SUFFIX) else None
+        return site if site in self.roots else None
+
     def origin_of(self, url: str) -> str | None:
         parts = urlsplit(url)
         host = (parts.hostname or "").lower()
-        if parts.scheme == "http" and host.endswith(SITE_SUFFIX) and host[: -len(SITE_SUFFIX)] in self.roots:
-            return f"http://{host}"
-        return None
+        return f"http://{host}" if parts.scheme == "http" and self.site_of(host) else None
 
     def url(self, site: str, path: str) -> str:
         if site not in self.roots:
@@ -93,8 +97,8 @@ class Sites:
     def lookup(self, host: str, target: str) -> tuple[int, bytes, str]:
         """Status, body and content type for a request to ``host`` (its Host header) for ``target``."""
         name = host.split(":", 1)[0].lower()
-        site = name[: -len(SITE_SUFFIX)] if name.endswith(SITE_SUFFIX) else None
-        if site not in self.roots or host.lower() not in (name, f"{name}:{SITE_PORT}"):
+        site = self.site_of(name)
+        if site is None or host.lower() not in (name, f"{name}:{SITE_PORT}"):
             self.blocked += 1
             return 421, b"not a site of this runner", "text/plain"
         path = unquote(urlsplit(target).path or "/")
