@@ -75,9 +75,19 @@ class Samples:
         return round(self.passed / self.graded, 4) if self.graded else None
 
 
+def _error_of(body: Any) -> dict[str, Any]:
+    err = (body or {}).get("error") if isinstance(body, dict) else None
+    return err if isinstance(err, dict) else {}
+
+
 def http_error(status: int, body: Any, what: str = "") -> str:
-    err = (body or {}).get("error") or {} if isinstance(body, dict) else {}
+    err = _error_of(body)
     return f"HTTP {status}{what} {err.get('code')}: {err.get('message')}"
+
+
+def http_failure(status: int, body: Any, what: str = "", **fields: Any) -> OpResult:
+    """A non-2xx answer as an op's result: the error line and whose failure the server said it was."""
+    return OpResult(error=http_error(status, body, what), blame=_error_of(body).get("blame"), **fields)
 
 
 class Workload:
@@ -133,11 +143,6 @@ async def step(loop: Loop, body: dict[str, Any]) -> tuple[int, Any]:
     return await loop.conn.request("POST", "/rollout/step", body)
 
 
-def blame_of(body: Any) -> str | None:
-    err = (body or {}).get("error") if isinstance(body, dict) else None
-    return err.get("blame") if isinstance(err, dict) else None
-
-
 class CodeExec(Workload):
     """B1: one self-contained program (solution + asserts) per op; exit 0 = pass."""
 
@@ -162,7 +167,7 @@ class CodeExec(Workload):
             body["session_id"] = loop.state["session_id"]
         status, result = await step(loop, body)
         if status != 200:
-            return OpResult(error=http_error(status, result), blame=blame_of(result))
+            return http_failure(status, result)
         return OpResult(passed=bool(result["ok"]))
 
     def extra(self, s: Samples) -> dict[str, Any]:
@@ -237,7 +242,7 @@ class ToolCall(Workload):
         name, steps = loop.shared[loop.rng.randrange(len(loop.shared))]
         status, info = await loop.conn.request("POST", "/sessions", {"runner": "tools"})
         if status != 201:
-            return OpResult(error=http_error(status, info, " creating a session"), channel=name, blame=blame_of(info))
+            return http_failure(status, info, " creating a session", channel=name)
         sid = info["session_id"]
         ok = True
         try:
@@ -245,7 +250,7 @@ class ToolCall(Workload):
                 body = {"runner": "tools", "action": {"tool": tool, "args": args}, "session_id": sid}
                 status, result = await step(loop, body)
                 if status != 200:
-                    return OpResult(error=http_error(status, result), channel=name, blame=blame_of(result))
+                    return http_failure(status, result, channel=name)
                 ok = ok and result["observation"]["error"] is None
         finally:
             await loop.conn.request("DELETE", f"/sessions/{sid}")
@@ -284,7 +289,7 @@ class SQLExec(Workload):
         status, result = await step(loop, {"runner": "sql", "action": {"tpch": n}, "timeout_s": 60})
         channel = f"Q{n:02d}"
         if status != 200:
-            return OpResult(error=http_error(status, result), channel=channel, blame=blame_of(result))
+            return http_failure(status, result, channel=channel)
         return OpResult(passed=bool(result["ok"]), channel=channel)
 
     def throughput(self, s: Samples, duration_s: float) -> dict[str, Any]:
@@ -313,7 +318,7 @@ class TextGame(Workload):
         action = {"op": "episodes", "seed": loop.rng.randrange(2**30), "steps": steps, "batch": self.batch}
         status, result = await step(loop, {"runner": "textgame", "action": action})
         if status != 200:
-            return OpResult(error=http_error(status, result), units=0, blame=blame_of(result))
+            return http_failure(status, result, units=0)
         obs = result["observation"]
         return OpResult(units=obs["episodes"], steps=obs["steps_done"], reward=obs["total_reward"])
 
@@ -357,7 +362,7 @@ class Browser(Workload):
         name, actions = loop.shared[loop.rng.randrange(len(loop.shared))]
         status, result = await step(loop, {"runner": "browser", "action": {"actions": actions}, "timeout_s": 120})
         if status != 200:
-            return OpResult(error=http_error(status, result), channel=name, blame=blame_of(result))
+            return http_failure(status, result, channel=name)
         obs = result["observation"]
         return OpResult(channel=name, steps=len(obs["results"]), misses=obs["actions_failed"])
 

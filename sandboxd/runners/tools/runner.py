@@ -25,7 +25,7 @@ class ToolsRunner:
         self.calls = 0
 
     def _overlay(self) -> Overlay:
-        return Overlay(self.db, max_records=self.cfg.max_session_records)
+        return Overlay(self.db, max_records=self.cfg.max_session_records, max_string_chars=self.cfg.max_string_chars)
 
     def capacity(self) -> int:
         return self.cfg.slots_per_worker
@@ -46,11 +46,7 @@ class ToolsRunner:
                 self.sessions[session_id] = self._overlay()
             return StepOutcome(ToolObservation(tool="reset", result="the database is back to its seeded state"))
         try:
-            return StepOutcome(
-                ToolObservation(
-                    tool=action.tool, result=call(overlay, action.tool, action.args, self.cfg.max_string_chars)
-                )
-            )
+            return StepOutcome(ToolObservation(tool=action.tool, result=call(overlay, action.tool, action.args)))
         except ToolError as exc:
             return StepOutcome(
                 ToolObservation(tool=action.tool, error=str(exc)), failure=ProgramFailure("action_error", str(exc))

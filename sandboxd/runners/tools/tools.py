@@ -37,6 +37,7 @@ class Overlay:
     next_order: int = 9000000
     writes: int = 0
     max_records: int = 200  # a session's own copies and new records at most: its memory is bounded
+    max_string_chars: int = 512  # in any argument: what a session writes stays in its overlay
 
     def make_room(self) -> None:
         """Refuse a new record past ``max_records`` (the agent's error: a trajectory needs a few dozen)."""
@@ -396,11 +397,12 @@ def openai_tools() -> list[dict[str, Any]]:
 _TYPES = {"string": str, "integer": int, "array": list}
 
 
-def call(ov: Overlay, tool: str, args: dict[str, Any], max_string_chars: int = 512) -> Any:
+def call(ov: Overlay, tool: str, args: dict[str, Any]) -> Any:
     """Validate ``args`` against the tool's schema and run it (ToolError on any mistake).
 
-    Strings and lists are capped: what a session writes stays in its overlay
-    for its lifetime, so an argument's size is a session's memory.
+    Strings (``ov.max_string_chars``) and lists are capped: what a session
+    writes stays in its overlay for its lifetime, so an argument's size is a
+    session's memory.
     """
     if tool not in TOOLS:
         raise ToolError(f"unknown tool {tool!r}; tools: {', '.join(TOOLS)}")
@@ -420,6 +422,6 @@ def call(ov: Overlay, tool: str, args: dict[str, Any], max_string_chars: int = 5
         if isinstance(v, list) and len(v) > MAX_LIST_ITEMS:
             raise ToolError(f"{tool}: argument {k} has {len(v)} items (at most {MAX_LIST_ITEMS})")
         for text in v if isinstance(v, list) else [v]:
-            if isinstance(text, str) and len(text) > max_string_chars:
-                raise ToolError(f"{tool}: argument {k} is {len(text)} characters long (at most {max_string_chars})")
+            if isinstance(text, str) and len(text) > ov.max_string_chars:
+                raise ToolError(f"{tool}: argument {k} is {len(text)} characters long (at most {ov.max_string_chars})")
     return copy.deepcopy(fn(ov, **args))
