@@ -16,7 +16,7 @@ import shutil
 import signal
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ class Engine:
     frame_limit: int
     killed_by: str | None = None  # why the worker killed it: "time", "disk" or "closed"
     recycle: bool = False  # a slot engine that should not serve another one-shot (it said so)
-    closed: bool = field(default=False)
+    closed: bool = False
 
     async def request(self, body: dict[str, Any], deadline_s: float) -> dict[str, Any]:
         """Send a statement, wait for its answer; past ``deadline_s`` the engine is killed (``EngineGone``)."""
