@@ -3,6 +3,9 @@
 sandboxd serve            run a node (gateway + workers) on this machine
 sandboxd demo             serve on loopback, run real programs and a short load against it, stop
 sandboxd smoke --target   run real programs against a running node and print what happened
+sandboxd bench            replay workloads B1-B9 against a node, write JSON + HTML (and upload them to S3)
+sandboxd size             instances and $/1M units per instance type, from results of several machines
+sandboxd report           one HTML page comparing machines: curves, $/1M bars, sizing, prices
 sandboxd config-docs      print the configuration reference (docs/configuration.md)
 sandboxd doctor           check what the Python runner needs (nsjail, cgroups, interpreter)
 """
@@ -14,6 +17,12 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sandboxd.bench.pricing import PriceTable
+    from sandboxd.bench.results import MachineResults
+    from sandboxd.bench.size import Fleet
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -125,22 +134,101 @@ def _bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sandboxd bench: {exc} (presets: {', '.join(PRESETS)})", file=sys.stderr)
         return EXIT_USAGE
-    execute(plan, args.target, Path(args.out), args.instance_type)
+    if args.upload:
+        from sandboxd.bench import s3
+
+        try:
+            # A typo, a dead endpoint, no credentials or no bucket fail now, not after the run.
+            warning = s3.check(args.upload, args.s3_endpoint_url)
+        except s3.S3Error as exc:
+            print(f"sandboxd bench: --upload: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        if warning:
+            print(f"sandboxd bench: --upload: {warning}", file=sys.stderr)
+    run_dir = execute(plan, args.target, Path(args.out), args.instance_type)
+    if args.upload:
+        try:
+            urls = s3.upload_run(run_dir, Path(args.out), args.upload, args.s3_endpoint_url)
+        except s3.S3Error as exc:
+            print(f"sandboxd bench: {exc}; the results are kept in {run_dir}", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"uploaded {len(urls)} files to {args.upload.rstrip('/')}/{run_dir.relative_to(args.out).as_posix()}/")
     return EXIT_OK
+
+
+def _fleet(args: argparse.Namespace) -> tuple[list[MachineResults], Fleet, PriceTable] | None:
+    """Results of every machine, the price table and the sizing, or None after saying what is wrong."""
+    from pathlib import Path
+
+    from sandboxd.bench import pricing, results, size
+    from sandboxd.bench.workloads import WORKLOADS
+
+    try:
+        table = pricing.load(Path(args.prices)) if args.prices else pricing.load()
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"sandboxd {args.command}: price table {args.prices}: {exc}", file=sys.stderr)
+        return None
+    try:
+        machines = results.load(args.results, args.s3_endpoint_url)
+    except results.ResultsError as exc:
+        print(f"sandboxd {args.command}: {exc}", file=sys.stderr)
+        return None
+    workloads = [w.upper() for w in args.workload] if args.workload else None
+    unknown = [w for w in workloads or [] if w not in WORKLOADS]
+    if unknown:
+        print(f"sandboxd {args.command}: unknown workloads {unknown}", file=sys.stderr)
+        return None
+    fleet = size.plan(
+        machines,
+        args.target_units_per_s,
+        args.p99_ms,
+        workloads=workloads,
+        reference=args.reference,
+        sizes=set(args.sizes.split(",")) if args.sizes else None,
+        table=table,
+    )
+    return machines, fleet, table
 
 
 def _size(args: argparse.Namespace) -> int:
+    from sandboxd.bench import size
+
+    got = _fleet(args)
+    if got is None:
+        return EXIT_USAGE
+    machines, fleet, table = got
+    if args.json:
+        print(size.dumps(fleet))
+    else:
+        size.print_table(fleet)
+    if args.html:
+        return _write_report(args, machines, fleet, table)
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace) -> int:
+    got = _fleet(args)
+    if got is None:
+        return EXIT_USAGE
+    return _write_report(args, *got)
+
+
+def _write_report(args: argparse.Namespace, machines: list[MachineResults], fleet: Fleet, table: PriceTable) -> int:
     from pathlib import Path
 
-    from sandboxd.bench.size import print_table, size
+    from sandboxd.bench import fleet_report
 
-    try:
-        rows = size([Path(d) for d in args.results], args.workload.upper(), args.target_units_per_s, args.p99_ms)
-    except FileNotFoundError as exc:
-        print(f"sandboxd size: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    print_table(rows, args.target_units_per_s, args.p99_ms, set(args.sizes.split(",")) if args.sizes else None)
+    out = Path(args.html)
+    out.write_text(fleet_report.render(machines, fleet, table, args.results))
+    print(f"wrote {out}")
     return EXIT_OK
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,16 +265,37 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--trials", type=int, help="B8 trials per level")
     bench.add_argument("--out", default="bench-results", help="results directory")
     bench.add_argument("--instance-type", help="what this machine is, e.g. m7i.4xlarge (prices it)")
+    bench.add_argument("--upload", metavar="S3_URL", help="after the run, upload its files to s3://bucket/prefix")
+    bench.add_argument("--s3-endpoint-url", help="an S3-compatible store (default: AWS, or AWS_ENDPOINT_URL)")
     bench.set_defaults(func=_bench)
-    sz = sub.add_parser("size", help="fleet sizing from sandboxd.bench results (one directory per measured machine)")
-    sz.add_argument("--results", nargs="+", required=True, help="results directories, e.g. one per machine")
-    sz.add_argument("--workload", default="B1")
-    sz.add_argument(
-        "--target-units-per-s", "--target-rollouts-per-s", type=float, required=True, dest="target_units_per_s"
-    )
-    sz.add_argument("--p99-ms", type=float, required=True)
-    sz.add_argument("--sizes", help="only these sizes, e.g. 4xlarge,8xlarge")
-    sz.set_defaults(func=_size)
+    for name, func, hlp in (
+        ("size", _size, "fleet sizing and $/1M units per instance type from results of several machines"),
+        ("report", _report, "one HTML page comparing machines: curves, $/1M bars, sizing, the price table"),
+    ):
+        p = sub.add_parser(name, help=hlp)
+        p.add_argument(
+            "--results", nargs="+", required=True, help="results directories or s3://bucket/prefix (any mix)"
+        )
+        p.add_argument("--workload", nargs="*", help="B1 ... B9 (default: every sustained workload measured)")
+        p.add_argument(
+            "--target-units-per-s",
+            "--target-rollouts-per-s",
+            type=_positive,
+            default=100.0,
+            dest="target_units_per_s",
+            help="units (rollouts for B9) per second the fleet must serve (default 100)",
+        )
+        p.add_argument("--p99-ms", type=_positive, default=60_000.0, help="p99 the fleet must meet (default 60000)")
+        p.add_argument("--reference", default="m7i", help="type or family costs are compared with (default m7i)")
+        p.add_argument("--sizes", help="only these sizes, e.g. 4xlarge,16xlarge (default: the table's study sizes)")
+        p.add_argument("--prices", help="another price table (JSON, the shape of sandboxd/bench/data/prices.json)")
+        p.add_argument("--s3-endpoint-url", help="an S3-compatible store (default: AWS, or AWS_ENDPOINT_URL)")
+        if name == "size":
+            p.add_argument("--json", action="store_true", help="print the sizing as JSON")
+            p.add_argument("--html", help="also write the comparison report to this file")
+        else:
+            p.add_argument("--html", "--out", default="fleet-report.html", help="where to write it")
+        p.set_defaults(func=func)
     docs = sub.add_parser("config-docs", help="print docs/configuration.md, generated from the settings models")
     docs.add_argument("--check", metavar="FILE", help="exit 1 when FILE differs from what would be generated")
     docs.set_defaults(func=_config_docs)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class NodeDidNotStart(RuntimeError):
@@ -36,6 +38,25 @@ def wait_ready(base_url: str, timeout_s: float = 120.0, proc: subprocess.Popen[b
     return False
 
 
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: no dlopen between fork and exec
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    def before_exec() -> None:
+        """In the child: SIGTERM it when its parent dies, even by SIGKILL.
+
+        A bench or test killed mid-run must not leave a node (and its jails and
+        Chromium) running with nobody to stop it; a parent gone before this ran
+        is caught by comparing the parent pid.
+        """
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return before_exec
+
+
 @contextlib.contextmanager
 def local_node(
     settings: dict[str, str] | None = None, inherit: bool = False, timeout_s: float = 180.0
@@ -51,7 +72,7 @@ def local_node(
     env.update({"SANDBOXD_HOST": "127.0.0.1", "SANDBOXD_PORT": str(port)})
     env.setdefault("SANDBOXD_LOG_LEVEL", "warning")
     env.update(settings or {})
-    proc = subprocess.Popen([sys.executable, "-m", "sandboxd", "serve"], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "sandboxd", "serve"], env=env, preexec_fn=_die_with(os.getpid()))
     base = f"http://127.0.0.1:{port}"
     try:
         if not wait_ready(base, timeout_s=timeout_s, proc=proc):

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from sandboxd.config import settings_model
-from sandboxd.localnode import local_node
+from sandboxd.localnode import free_port, local_node
 from sandboxd.registry import ENTRY_POINT_GROUP, kinds
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,3 +89,36 @@ async def step_ok(
 async def http(node: str) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=node, timeout=120) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real S3-compatible server (moto's server mode) on a loopback port, one per module.
+
+    Credentials go through the standard AWS chain (the environment) and the
+    host's own ~/.aws files are kept out, so a test never reaches real AWS.
+    """
+    from moto.server import ThreadedMotoServer
+
+    aws = tmp_path_factory.mktemp("aws")
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+            mp.delenv(key, raising=False)
+        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        mp.setenv("AWS_CONFIG_FILE", str(aws / "config"))
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(aws / "credentials"))
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.stop()
+
+
+def make_bucket(endpoint: str, name: str) -> None:
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)

@@ -12,6 +12,7 @@ import pytest
 
 from sandboxd.bench import pricing
 from sandboxd.bench.stats import percentile, summary
+from tests.conftest import make_bucket
 
 pytestmark = pytest.mark.nsjail
 
@@ -34,7 +35,7 @@ def test_percentiles_interpolate_like_numpy() -> None:
 def test_prices_scale_by_vcpu_and_unknown_types_cost_nothing() -> None:
     table = pricing.load_table()
     assert table["c7i.4xlarge"].hourly_usd == 0.714
-    assert table["c7i.large"].hourly_usd == round(0.714 * 2 / 16, 4)
+    assert table["c7i.large"].hourly_usd == round(0.714 * 2 / 16, 5)
     for family in ("m7i", "m8i", "m8g", "m9g", "c7i", "c8g"):
         assert f"{family}.8xlarge" in table
     assert pricing.hourly_price("unknown") == 0.0
@@ -44,7 +45,9 @@ def test_prices_scale_by_vcpu_and_unknown_types_cost_nothing() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(450)
-def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> None:
+def test_smoke_bench_writes_results_report_uploads_and_sizes_a_fleet(tmp_path: Path, s3_endpoint: str) -> None:
+    """The whole operator path: bench on this machine, upload to S3, size from the bucket."""
+    make_bucket(s3_endpoint, "bench")
     cmd = [
         sys.executable,
         "-m",
@@ -63,6 +66,10 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
         str(tmp_path),
         "--instance-type",
         "c7i.large",
+        "--upload",
+        "s3://bench/fleet",
+        "--s3-endpoint-url",
+        s3_endpoint,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -96,7 +103,7 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
         assert {"count", "errors", "p50", "p95", "p99", "mean", "max"} <= r["latency_ms"].keys()
         assert r["latency_ms"]["errors"] == 0
         assert r["resource"]["cpu_util_avg"] is not None and r["resource"]["mem_peak_gb"] > 0
-        assert r["cost"]["instance_hourly_usd"] == 0.0892 and r["cost"]["cost_per_1k_units_usd"] > 0
+        assert r["cost"]["instance_hourly_usd"] == 0.08925 and r["cost"]["cost_per_1k_units_usd"] > 0
         assert (
             r["extra"]["corpus_size"]
             == r["extra"]["corpus_breakdown"]["humaneval"] + r["extra"]["corpus_breakdown"]["mbpp_sanitized"]
@@ -140,25 +147,20 @@ def test_smoke_bench_writes_results_report_and_sizes_a_fleet(tmp_path: Path) -> 
     assert cold["latency_ms"]["count"] == cold["trials"]
     assert cold["latency_ms"]["p50"] > b8["latency_ms"]["p50"]  # the warm pool takes the jail start off the path
 
+    assert f"uploaded {len([p for p in run_dir.rglob('*') if p.is_file()])} files to s3://bench/fleet/" in proc.stdout
+    assert "interference" in summary_doc and summary_doc["interference"]["levels"][0]["tasks"]["B3"]["p99_ratio"]
     size = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "sandboxd",
-            "size",
-            "--results",
-            str(tmp_path),
-            "--target-rollouts-per-s",
-            "1000",
-            "--p99-ms",
-            "1000",
+            *(sys.executable, "-m", "sandboxd", "size", "--results", "s3://bench/fleet"),
+            *("--s3-endpoint-url", s3_endpoint, "--target-rollouts-per-s", "1000", "--p99-ms", "60000"),
         ],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert size.returncode == 0, size.stderr
-    assert "m9g.4xlarge" in size.stdout and "c7i.large" in size.stdout and "$/1M units" in size.stdout
+    assert "m8i.4xlarge" in size.stdout and "c7i.large" in size.stdout and "$/1M units" in size.stdout
+    assert "aarch64 types left out (B9, B1, B3, B4, B5, B7)" in size.stdout and "B9 Concurrent-Rollout" in size.stdout
 
 
 def test_b9_draws_the_suites_mix_and_lengths() -> None:

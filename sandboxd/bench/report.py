@@ -7,10 +7,19 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandboxd.bench.workloads import WORKLOADS
 
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; }
+th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; font-size: 13px; }
+th { background: #f3f3f3; } td:first-child, td:last-child { text-align: left; }
+.plots { display: flex; flex-wrap: wrap; gap: 1em; }
+.meta { color: #555; font-size: 13px; }
+"""
 TITLES = {k: w.title for k, w in WORKLOADS.items()}
 UNITS = {k: w.rate_unit for k, w in WORKLOADS.items()}
 
@@ -20,7 +29,7 @@ def _primary(run: dict[str, Any]) -> tuple[float, float | None]:
     return float(tput), run["latency_ms"].get("p99")
 
 
-def _fmt(v: Any, nd: int = 1) -> str:
+def fmt(v: Any, nd: int = 1) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
@@ -28,10 +37,10 @@ def _fmt(v: Any, nd: int = 1) -> str:
     return html.escape(str(v))
 
 
-def _plot(title: str, series: dict[str, list[tuple[int, float]]], y_label: str) -> str:
-    """A log-x line plot as inline SVG."""
+def plot(title: str, series: Mapping[str, Sequence[tuple[int, float | None]]], y_label: str) -> str:
+    """A log-x line plot as inline SVG; points without a value (a level that failed) are skipped."""
     w, h, left, right, top, bottom = 460, 270, 60, 20, 46, 40
-    pts = [p for s in series.values() for p in s if p[1] is not None]
+    pts = [(x, y) for s in series.values() for x, y in s if y is not None]
     if not pts:
         return f"<p>{html.escape(title)}: no data</p>"
     xs = sorted({p[0] for p in pts})
@@ -87,21 +96,59 @@ def _per_task(runs: list[dict[str, Any]]) -> str:
         mix = extra.get("task_mix") or {}
         for task, st in (r["latency_ms"].get("per_task") or {}).items():
             rows.append(
-                f"<tr><td>{task}</td><td>{r['concurrency']}</td><td>{_fmt(mix.get(task), 2)}</td>"
-                f"<td>{_fmt(st.get('ops'), 0)}</td><td>{_fmt(st.get('p50'))}</td><td>{_fmt(st.get('p95'))}</td>"
-                f"<td>{_fmt(st.get('p99'))}</td><td>{_fmt(st.get('mean'))}</td><td>{_fmt(st.get('max'))}</td></tr>"
+                f"<tr><td>{task}</td><td>{r['concurrency']}</td><td>{fmt(mix.get(task), 2)}</td>"
+                f"<td>{fmt(st.get('ops'), 0)}</td><td>{fmt(st.get('p50'))}</td><td>{fmt(st.get('p95'))}</td>"
+                f"<td>{fmt(st.get('p99'))}</td><td>{fmt(st.get('mean'))}</td><td>{fmt(st.get('max'))}</td></tr>"
             )
             if st.get("p99") is not None:
                 series.setdefault(task, []).append((r["concurrency"], float(st["p99"])))
     avg = ", ".join(
-        f"c={r['concurrency']}: {_fmt((r.get('extra') or {}).get('avg_steps_per_rollout'), 2)}" for r in runs
+        f"c={r['concurrency']}: {fmt((r.get('extra') or {}).get('avg_steps_per_rollout'), 2)}" for r in runs
     )
     return (
         f"<h3>B9 per task (avg steps/rollout {html.escape(avg)})</h3>"
         "<table><thead><tr><th>Task</th><th>Concurrency</th><th>Weight</th><th>Ops</th><th>p50 ms</th>"
         "<th>p95 ms</th><th>p99 ms</th><th>Mean ms</th><th>Max ms</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>"
-        f"<div class='plots'>{_plot('B9 p99 per task', series, 'ms')}</div>"
+        f"<div class='plots'>{plot('B9 p99 per task', series, 'ms')}</div>"
+    )
+
+
+def _interference(doc: dict[str, Any] | None) -> str:
+    """What mixing cost in this run (``interference.py``): p99 in B9 vs alone, throughput vs prediction."""
+    if not doc:
+        return ""
+    rows = []
+    for lv in doc["levels"]:
+        for task, e in lv["tasks"].items():
+            rows.append(
+                f"<tr><td>{task}</td><td>{lv['concurrency']}</td><td>{fmt(lv.get('cpu_util'))}</td><td>{fmt(e.get('p99_in_b9_ms'))}</td>"
+                f"<td>{fmt(e.get('standalone_p99_ms'))}</td><td>{fmt(e.get('standalone_concurrency'))}</td>"
+                f"<td>{fmt(e.get('standalone_cpu_util'))}</td><td>{fmt(e.get('p99_ratio'), 2)}</td></tr>"
+            )
+    levels = "".join(
+        f"<tr><td>B9</td><td>{lv['concurrency']}</td><td>{fmt(lv.get('sub_ops_per_sec'), 2)}</td>"
+        f"<td>{fmt(lv.get('predicted_sub_ops_per_sec_at_b9_cpu'), 2)}</td><td>{fmt(lv.get('throughput_vs_prediction_at_b9_cpu'), 3)}</td>"
+        f"<td>{fmt(lv.get('predicted_sub_ops_per_sec_at_capacity'), 2)}</td><td>{fmt(lv.get('throughput_vs_prediction_at_capacity'), 3)}</td></tr>"
+        for lv in doc["levels"]
+    )
+    v = doc.get("verdict") or {}
+    verdict = (
+        f"<p>At c={v['at_concurrency']}: throughput loss {v['throughput_loss']:.1%} (limit 10%), worst p99 ratio "
+        f"{fmt(v['worst_p99_ratio'], 2)} ({html.escape(str(v['worst_p99_task']))}; limit 1.5).</p>"
+        if v.get("judged")
+        else f"<p>Not judged: {html.escape(str(v.get('why', '')))}</p>"
+    )
+    return (
+        "<h2>Interference: B9 against its sub-operations alone</h2>"
+        "<p class='meta'>Standalone p99 at the level whose host CPU load is closest to the B9 level's; prediction from "
+        "each kind's server CPU per unit at its best standalone level, weighted by the mix B9 ran.</p>"
+        "<table><thead><tr><th>Task</th><th>B9 concurrency</th><th>B9 CPU %</th><th>p99 in B9 ms</th><th>p99 alone ms</th>"
+        "<th>Alone at c</th><th>Alone CPU %</th><th>Ratio</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+        "<table><thead><tr><th>Workload</th><th>Concurrency</th><th>Sub-ops/s</th><th>Predicted at B9's CPU</th><th>Ratio</th>"
+        "<th>Predicted at capacity</th><th>Ratio</th></tr></thead>"
+        f"<tbody>{levels}</tbody></table>{verdict}"
     )
 
 
@@ -116,18 +163,18 @@ def render(doc: dict[str, Any]) -> str:
             extra = r.get("extra") or {}
             note = ""
             if bench == "B1":
-                note = f"pass rate {_fmt(extra.get('pass_rate'), 4)}, client {_fmt(r['resource'].get('client_cpu_cores'), 2)} cores"
+                note = f"pass rate {fmt(extra.get('pass_rate'), 4)}, client {fmt(r['resource'].get('client_cpu_cores'), 2)} cores"
             if bench == "B8" and extra.get("warm_pool_disabled"):
                 cold = extra["warm_pool_disabled"]["latency_ms"]
-                note = f"warm pool off: p50 {_fmt(cold.get('p50'))} / p99 {_fmt(cold.get('p99'))} ms"
+                note = f"warm pool off: p50 {fmt(cold.get('p50'))} / p99 {fmt(cold.get('p99'))} ms"
             lat = r["latency_ms"]
             rows.append(
                 "<tr>"
                 f"<td>{bench} {TITLES.get(bench, '')}</td><td>{r['concurrency']}</td>"
-                f"<td>{_fmt(tput)} {UNITS.get(bench, '')}</td><td>{_fmt(lat.get('p50'))}</td><td>{_fmt(lat.get('p95'))}</td>"
-                f"<td>{_fmt(lat.get('p99'))}</td><td>{_fmt(lat.get('errors'), 0)}</td>"
-                f"<td>{_fmt(r['resource'].get('cpu_util_avg'))}</td><td>{_fmt(r['resource'].get('mem_peak_gb'), 2)}</td>"
-                f"<td>{_fmt((r.get('cost') or {}).get('cost_per_1k_units_usd'), 5)}</td><td>{html.escape(note)}</td></tr>"
+                f"<td>{fmt(tput)} {UNITS.get(bench, '')}</td><td>{fmt(lat.get('p50'))}</td><td>{fmt(lat.get('p95'))}</td>"
+                f"<td>{fmt(lat.get('p99'))}</td><td>{fmt(lat.get('errors'), 0)}</td>"
+                f"<td>{fmt(r['resource'].get('cpu_util_avg'))}</td><td>{fmt(r['resource'].get('mem_peak_gb'), 2)}</td>"
+                f"<td>{fmt((r.get('cost') or {}).get('cost_per_1k_units_usd'), 5)}</td><td>{html.escape(note)}</td></tr>"
             )
         pts_t = [(r["concurrency"], _primary(r)[0]) for r in runs]
         pts_p = [(r["concurrency"], _primary(r)[1]) for r in runs]
@@ -140,21 +187,14 @@ def render(doc: dict[str, Any]) -> str:
         per_task = _per_task(runs) if bench == "B9" else ""
         plots.append(
             f"<h2>{bench} {TITLES.get(bench, '')}</h2><div class='plots'>"
-            + _plot(f"{bench} throughput", {UNITS.get(bench, "ops/s"): pts_t}, UNITS.get(bench, "ops/s"))
-            + _plot(f"{bench} latency", series_p, "ms")
+            + plot(f"{bench} throughput", {UNITS.get(bench, "ops/s"): pts_t}, UNITS.get(bench, "ops/s"))
+            + plot(f"{bench} latency", series_p, "ms")
             + "</div>"
             + per_task
         )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>sandboxd bench — {html.escape(inst["instance_type"])}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; margin: 1em 0; }}
-th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: right; font-size: 13px; }}
-th {{ background: #f3f3f3; }} td:first-child, td:last-child {{ text-align: left; }}
-.plots {{ display: flex; flex-wrap: wrap; gap: 1em; }}
-.meta {{ color: #555; font-size: 13px; }}
-</style></head><body>
+<style>{STYLE}</style></head><body>
 <h1>sandboxd bench</h1>
 <p class="meta">Generated {html.escape(doc["generated_at"])} on {html.escape(inst["instance_type"])}
 ({html.escape(inst["arch"])}, {inst["vcpus"]} vCPU, {html.escape(inst["cpu_model"])}, {inst.get("mem_gb")} GiB).
@@ -164,5 +204,6 @@ target {html.escape(str(cfg["target"]))}. Latencies are client-side, from raw sa
 <th>Errors</th><th>CPU avg %</th><th>Mem peak GB</th><th>$/1k units<br><small>(needs --instance-type)</small></th><th>Notes</th></tr></thead>
 <tbody>{"".join(rows)}</tbody></table>
 {"".join(plots)}
+{_interference(doc.get("interference"))}
 </body></html>
 """

@@ -46,6 +46,7 @@ class Sampler:
         self.window_s = window_s
         self.cpu: list[float] = []
         self.ctx: list[float] = []
+        self.stamps: list[tuple[float, float]] = []  # monotonic (start, end) of each cpu/ctx sample
         self.mem_peak_gb = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -72,9 +73,20 @@ class Sampler:
             d_total, d_idle = cur[0] - prev[0], cur[1] - prev[1]
             if d_total > 0:
                 self.cpu.append(100.0 * (1 - d_idle / d_total))
-            self.ctx.append((cur[2] - prev[2]) / max(now - prev_t, 1e-9))
+                self.ctx.append((cur[2] - prev[2]) / max(now - prev_t, 1e-9))
+                self.stamps.append((prev_t, now))
             self.mem_peak_gb = max(self.mem_peak_gb, _mem_used_gb())
             prev, prev_t = cur, now
+
+    def within(self, window: tuple[float, float] | None) -> Sampler:
+        """Only the samples that lie inside a monotonic window (the load generator's measure window)."""
+        if window is None:
+            return self
+        keep = [i for i, (a, b) in enumerate(self.stamps) if a >= window[0] - self.period_s / 2 and b <= window[1]]
+        self.cpu = [self.cpu[i] for i in keep]  # none inside: no figure rather than the warm-up's
+        self.ctx = [self.ctx[i] for i in keep]
+        self.stamps = [self.stamps[i] for i in keep]
+        return self
 
     def result(self, client_cpu_s: float, duration_s: float, ncpu: int) -> dict[str, Any]:
         cpu = sorted(self.cpu)

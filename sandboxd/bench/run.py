@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandboxd.bench import coldstart, loadgen, pricing, report
+from sandboxd.bench import coldstart, interference, loadgen, pricing, report
 from sandboxd.bench.instance import describe
 from sandboxd.bench.resources import Sampler
 from sandboxd.bench.stats import summary
@@ -153,15 +153,22 @@ def run_timed(
     progress.begin(f"{wl_id} c={c}", plan.warmup + duration)
     ncpu = instance["vcpus"]
     seed = wl.seed_base ^ c
-    with Sampler(delay_s=plan.warmup, window_s=duration) as sampler:
+    t_start = time.monotonic()
+    with Sampler() as sampler:  # the whole level; only the load generator's measure window is kept
         s = loadgen.run_level(wl_id, target, c, plan.warmup, duration, seed=seed)
     throughput = wl.throughput(s, duration)
     primary = float(throughput[wl.throughput_key])
     extra = {
         **wl.extra(s),
         "error_examples": s.error_examples,
-        "load_gen": {"nprocs": s.nprocs, "concurrency_per_proc": round(c / max(s.nprocs, 1), 2)},
+        "load_gen": {
+            "nprocs": s.nprocs,
+            "concurrency_per_proc": round(c / max(s.nprocs, 1), 2),
+            # the warm-up it took for every loop to finish an op (the window opens then)
+            "warmup_s_effective": round(s.window[0] - t_start, 2) if s.window else None,
+        },
         "seed_base": seed,
+        "ops_per_sec": round(s.ops / duration, 3),  # the workload's own requests (interference.py's unit)
         "per_vcpu_throughput": round(primary / ncpu, 3),
         "versions": _versions(),
     }
@@ -173,7 +180,7 @@ def run_timed(
         "duration_sec": duration,
         "throughput": throughput,
         "latency_ms": wl.latency(s),
-        "resource": sampler.result(s.client_cpu_s, duration, ncpu),
+        "resource": sampler.within(s.window).result(s.client_cpu_s, duration, ncpu),
         "cost": _cost(instance, primary),
         "extra": extra,
         "timestamp": _timestamp(),
@@ -235,7 +242,8 @@ def run_b8(
 
 def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | None) -> Path:
     instance = describe(instance_type)
-    run_dir: Path = out_dir / instance["arch"] / f"{instance['instance_type']}_{_timestamp()}"
+    # The host name too: two machines of one type started in the same second share no directory or S3 key.
+    run_dir: Path = out_dir / instance["arch"] / f"{instance['instance_type']}_{_timestamp()}_{instance['instance_id']}"
     run_dir.mkdir(parents=True, exist_ok=True)
     levels = sum(len(plan.levels(wl)) for wl in plan.workloads)
     progress = Progress(levels)
@@ -278,6 +286,9 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
                 json.dumps({"benchmark": wl, "instance": instance, "runs": runs}, indent=2)
             )
             results[wl] = runs
+    mixing = interference.analyse(results)
+    if mixing:
+        print("\n".join(interference.lines(mixing)), flush=True)
     summary_doc = {
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "instance": instance,
@@ -293,6 +304,7 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
             "target": target or "embedded",
         },
         "benchmarks": results,
+        "interference": mixing,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary_doc, indent=2))
     (run_dir / "report.html").write_text(report.render(summary_doc))

@@ -67,6 +67,7 @@ class Samples:
     misses: int = 0
     client_cpu_s: float = 0.0
     nprocs: int = 0
+    window: tuple[float, float] | None = None  # monotonic [from, to) the ops were counted in (all processes)
     error_examples: list[str] = field(default_factory=list)
     errors_by_blame: dict[str, int] = field(default_factory=dict)
 
