@@ -18,7 +18,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from sandboxd.api import native, ops
+from sandboxd.api import fusion, native, ops
 from sandboxd.api.auth import Auth
 from sandboxd.api.limits import BodyLimit
 from sandboxd.api.surface import json_response, native_error, request_error
@@ -49,6 +49,7 @@ def create_app(settings: NodeSettings | None = None) -> FastAPI:
     app.state.gateway = gateway
     auth = Auth(settings)
     app.include_router(native.router(gateway, auth))
+    app.include_router(fusion.router(gateway, auth))
     app.include_router(ops.router(gateway, auth, protected=settings.auth_ops))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)
 

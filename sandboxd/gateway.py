@@ -215,7 +215,8 @@ class Gateway:
             kind.admit(action, limits, cfg)
         return orjson.Fragment(raw), limits
 
-    async def step(self, req: StepRequest, tenant: str) -> StepResult:
+    async def step(self, req: StepRequest, tenant: str, queue_deadline: float | None = None) -> StepResult:
+        """Run one step; ``queue_deadline`` (monotonic) replaces ``queue_timeout_s`` for a one-shot's wait."""
         start = time.monotonic()
         self.inflight += 1
         self._tenant_inflight[tenant] += 1
@@ -232,11 +233,11 @@ class Gateway:
                 result: StepResult = await self.idem.run(
                     f"{tenant}:step:{req.idempotency_key}",
                     fp,
-                    lambda: self._execute(req, tenant, action, limits, start),
+                    lambda: self._execute(req, tenant, action, limits, start, queue_deadline),
                     keep=lambda r: r.error is None or r.error.blame != "infra",
                 )
                 return result
-            return await self._execute(req, tenant, action, limits, start)
+            return await self._execute(req, tenant, action, limits, start, queue_deadline)
         except SandboxdError as exc:
             return self._failed(req.runner, exc, start, req.session_id)
         finally:
@@ -246,7 +247,13 @@ class Gateway:
                 del self._tenant_inflight[tenant]
 
     async def _execute(
-        self, req: StepRequest, tenant: str, action: orjson.Fragment, limits: StepLimits, start: float
+        self,
+        req: StepRequest,
+        tenant: str,
+        action: orjson.Fragment,
+        limits: StepLimits,
+        start: float,
+        queue_deadline: float | None = None,
     ) -> StepResult:
         call = {"runner": req.runner, "action": action, "limits": limits.__dict__}
         try:
@@ -254,7 +261,7 @@ class Gateway:
                 raw, index = await self._session_step(req.session_id, tenant, req.runner, call)
             else:
                 assert self.scheduler is not None
-                deadline = start + self.settings.queue_timeout_s
+                deadline = queue_deadline if queue_deadline is not None else start + self.settings.queue_timeout_s
                 priority = None
                 if self.settings.scheduling == "oldest_rollout":
                     priority = self.rollouts.priority(tenant, req.rollout_id, start)

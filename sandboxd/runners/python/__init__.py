@@ -18,7 +18,7 @@ def admit(action: PythonAction, limits: StepLimits, cfg: PythonRunnerConfig) -> 
     stdin = len(action.stdin.encode())
     if stdin > cfg.max_stdin_bytes:
         raise PayloadTooLarge(f"action.stdin is {stdin} bytes; this node takes at most {cfg.max_stdin_bytes}")
-    files = sum(len(v.encode()) for v in action.files.values())
+    files = sum(len(data) for _, data in action.file_bytes())
     if files > cfg.max_files_bytes:
         raise PayloadTooLarge(f"action.files total {files} bytes; this node takes at most {cfg.max_files_bytes}")
     if limits.memory_mb is not None and limits.memory_mb > cfg.memory_mb:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import posixpath
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_FILES = 1000  # entries in `files`; each one is a file the sandbox must create
 MAX_NAME_BYTES = 255  # one path component (NAME_MAX)
@@ -21,8 +24,11 @@ class PythonAction(BaseModel):
     files: dict[str, str] = Field(
         default_factory=dict,
         max_length=MAX_FILES,
-        description="Files written into the working directory before the code runs: relative path -> UTF-8 content "
+        description="Files written into the working directory before the code runs: relative path -> content "
         f"(at most {MAX_FILES}; names of at most {MAX_NAME_BYTES} bytes per component, {MAX_PATH_BYTES} in all).",
+    )
+    file_encoding: Literal["utf-8", "base64"] = Field(
+        "utf-8", description="How `files` contents are written: UTF-8 text, or base64 of the bytes (binary files)."
     )
 
     @field_validator("files")
@@ -39,6 +45,22 @@ class PythonAction(BaseModel):
             if long:
                 raise ValueError(f"file name component longer than {MAX_NAME_BYTES} bytes: {long[0][:40]!r}...")
         return files
+
+    @model_validator(mode="after")
+    def _decodable(self) -> PythonAction:
+        if self.file_encoding == "base64":
+            for path, content in self.files.items():
+                try:
+                    base64.b64decode(content, validate=True)
+                except (binascii.Error, ValueError):
+                    raise ValueError(f"files[{path!r}] is not valid base64") from None
+        return self
+
+    def file_bytes(self) -> list[tuple[str, bytes]]:
+        """Each file's path and the bytes to write (decoded once the model is valid)."""
+        if self.file_encoding == "base64":
+            return [(p, base64.b64decode(c)) for p, c in self.files.items()]
+        return [(p, c.encode()) for p, c in self.files.items()]
 
 
 class PythonObservation(BaseModel):

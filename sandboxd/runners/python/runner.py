@@ -200,7 +200,7 @@ class PythonRunner:
     # ------------------------------------------------------------------ steps
 
     def _request(self, action: PythonAction, limits: StepLimits) -> tuple[dict[str, Any], bytes]:
-        files = [(path, content.encode()) for path, content in action.files.items()]
+        files = action.file_bytes()
         stdin = action.stdin.encode()
         code = action.code.encode()
         header = {

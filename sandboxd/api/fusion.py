@@ -1,0 +1,329 @@
+"""SandboxFusion's wire contract: ``POST /run_code`` and ``GET /v1/ping``, so verl, SkyRL and
+tinker-cookbook code (and the official ``sandbox-fusion`` client) work with a URL change.
+
+What callers of this contract rely on, and how it is kept here:
+
+- Execution outcomes are HTTP 200 with ``status`` Success | Failed | SandboxError,
+  decided exactly as SandboxFusion does (any result "Error" -> SandboxError; else any
+  "TimeLimitExceeded" -> Failed; else a non-zero return code -> Failed; else
+  Success). "Error" and SandboxError are kept for infrastructure failures: a program
+  that crashes, runs out of memory or time is "Failed", never a sandbox error, and
+  an infrastructure failure is never a plain "Failed" (which a trainer would score
+  as a wrong answer).
+- No enum value is added (the official client validates them strictly): our
+  diagnostics (``blame``, ``killed_by``, ``limits_hit``, memory) are extra keys.
+- verl retries HTTP 504 only and scores any other failure as wrong: so this route
+  never answers 429. It waits for a free sandbox (retrying our admission control)
+  and answers 504 only when the request's own deadline would pass:
+  ``compile_timeout + fusion_queue_grace_s`` of waiting, after which ``run_timeout``
+  of running still fits in the time verl's client allows (compile + run + 10 s).
+  A node that is shutting down answers 504 too, so the retry lands elsewhere.
+- The client's own mistakes (no ``code``, a language this node does not run, a
+  timeout above the node's maximum) are 4xx with FastAPI's ``{"detail": ...}``, the
+  shape SandboxFusion's FastAPI app gives them.
+"""
+
+import asyncio
+import contextlib
+import csv
+import io
+import posixpath
+import random
+import secrets
+import time
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
+
+from sandboxd.api.auth import Auth
+from sandboxd.api.models import Limits, SessionCreate, StepRequest, StepResult
+from sandboxd.api.surface import json_response, surface_router
+from sandboxd.errors import BadRequest, DeadlineExceeded, SandboxdError, Saturated, ShuttingDown, from_dict
+from sandboxd.gateway import Gateway
+from sandboxd.runners.python.config import PythonRunnerConfig
+
+LANGUAGES = ("python", "sql")  # the ones this node can run; SandboxFusion's others get a clear 422
+FETCH_MARKER = "\x00sandboxd-fetch:"
+FETCH_TIMEOUT_S = 30.0  # reading back files the program wrote (a tmpfs: fast unless they are huge)
+
+
+class RunCodeRequest(BaseModel):
+    """SandboxFusion's request; fields it has that we do not use (``args``) and unknown ones are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    code: str = Field(..., description="The program (for sql: the query).")
+    language: str = Field("python", description="python or sql here; verl's tutorial sends none: python.")
+    compile_timeout: float = Field(10.0, ge=0, description="Seconds; no compile step here, but part of the deadline.")
+    run_timeout: float = Field(10.0, gt=0, description="Seconds the program may run.")
+    memory_limit_MB: int = Field(-1, description="-1 = the node's default; more than the node's maximum gets it.")
+    stdin: str | None = None
+    files: dict[str, str | None] = Field(default_factory=dict, description="Path -> base64 content, written first.")
+    fetch_files: list[str] = Field(default_factory=list, description="Paths returned (base64) after the run.")
+
+
+def fusion_error(exc: SandboxdError) -> Response:
+    """Errors that are not execution outcomes, in the shape of SandboxFusion's FastAPI app."""
+    if isinstance(exc, (DeadlineExceeded, Saturated, ShuttingDown)):
+        return json_response({"detail": exc.message}, 504)  # verl retries 504, and only 504
+    if exc.blame == "infra":
+        return json_response(_sandbox_error(exc.message), 200)
+    return json_response({"detail": exc.message}, exc.status)
+
+
+def _sandbox_error(message: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "status": "SandboxError",
+        "message": message,
+        "compile_result": None,
+        "run_result": None,
+        "executor_pod_name": None,
+        "files": {},
+        "blame": "infra",
+        **extra,
+    }
+
+
+def run_status(results: list[dict[str, Any] | None]) -> str:
+    """SandboxFusion's own rule, in its order."""
+    done = [r for r in results if r is not None]
+    if any(r["status"] == "Error" for r in done):
+        return "SandboxError"
+    if any(r["status"] == "TimeLimitExceeded" for r in done):
+        return "Failed"
+    if any(r["return_code"] is not None and r["return_code"] != 0 for r in done):
+        return "Failed"
+    return "Success"
+
+
+def python_result(res: StepResult, memory_mb: int) -> dict[str, Any]:
+    obs = res.observation or {}
+    timed_out = bool(obs.get("timed_out"))
+    signal = obs.get("signal")
+    code = None if timed_out else (-signal if signal else obs.get("exit_code"))  # -9: Python's own convention
+    return {
+        "status": "TimeLimitExceeded" if timed_out else "Finished",
+        "execution_time": round(res.latency_ms / 1000, 4),
+        "cpu_time": round(obs["cpu_ms"] / 1000, 4) if obs.get("cpu_ms") is not None else None,
+        "return_code": code,
+        "stdout": obs.get("stdout", ""),
+        "stderr": obs.get("stderr", ""),
+        "killed_by": obs.get("killed_by"),
+        "limits_hit": obs.get("limits_hit", []),
+        "max_rss_kb": obs.get("max_rss_kb"),
+        "memory_limit_mb": memory_mb,
+        "stdout_truncated": obs.get("stdout_truncated", False),
+        "stderr_truncated": obs.get("stderr_truncated", False),
+    }
+
+
+def sql_result(res: StepResult) -> dict[str, Any]:
+    """Rows as CSV with a header line on stdout; an SQL error is the program's: return code 1, message on stderr."""
+    obs = res.observation or {}
+    if obs.get("timed_out"):
+        status, code, out, err = "TimeLimitExceeded", None, "", obs.get("error") or ""
+    elif obs.get("error"):
+        status, code, out, err = "Finished", 1, "", obs["error"]
+    else:
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(obs.get("columns", []))
+        writer.writerows(obs.get("rows", []))
+        status, code, out, err = "Finished", 0, buf.getvalue(), ""
+        if obs.get("truncated"):
+            err = f"sandboxd: result truncated to {len(obs.get('rows', []))} rows\n"
+    return {
+        "status": status,
+        "execution_time": round(res.latency_ms / 1000, 4),
+        "return_code": code,
+        "stdout": out,
+        "stderr": err,
+        "row_count": obs.get("row_count"),
+    }
+
+
+def _fetch_program(paths: list[str], marker: str) -> str:
+    """A cell that returns files of the program's working directory; run after the program, in its sandbox.
+
+    The program ran first in the same interpreter and may have replaced anything, so this
+    imports what it needs under its own names and writes to the original stdout; whatever
+    a program does to it can only spoil its own files, which is its own result.
+    """
+    return (
+        "def __sandboxd_fetch(paths, marker):\n"
+        "    import base64 as _b, json as _j, os as _o, sys as _s\n"
+        "    got, errors = {}, {}\n"
+        "    for p in paths:\n"
+        "        try:\n"
+        "            with open(_o.path.join('/tmp', p), 'rb') as f:\n"
+        "                got[p] = _b.b64encode(f.read()).decode()\n"
+        "        except OSError as e:\n"
+        "            errors[p] = e.strerror or type(e).__name__\n"
+        "    _s.__stdout__.write(marker + _j.dumps({'files': got, 'errors': errors}) + '\\n')\n"
+        "    _s.__stdout__.flush()\n"
+        f"__sandboxd_fetch({paths!r}, {marker!r})\n"
+    )
+
+
+def _fetch_paths(paths: list[str]) -> list[str]:
+    out = []
+    for p in paths:
+        rel = posixpath.normpath(p[len("/tmp/") :] if p.startswith("/tmp/") else p)
+        if not p or rel.startswith(("/", "..")) or rel == "." or "\x00" in p:
+            raise BadRequest(f"fetch_files: {p!r} is not a path inside the working directory")
+        out.append(rel)
+    return out
+
+
+class FusionRunner:
+    """Runs one /run_code request on the gateway: waits for room instead of refusing, within its deadline."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def _until_admitted(self, run: Any, deadline: float) -> Any:
+        """Retry our admission control (429) until the deadline; the queue itself waits up to it."""
+        while True:
+            try:
+                res = await run()
+            except Saturated:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(min(random.uniform(0.05, 0.2), max(deadline - time.monotonic(), 0)))
+                continue
+            if isinstance(res, StepResult) and res.error is not None and res.error.code == "saturated":
+                if time.monotonic() >= deadline:
+                    raise Saturated(res.error.message)
+                await asyncio.sleep(min(random.uniform(0.05, 0.2), max(deadline - time.monotonic(), 0)))
+                continue
+            return res
+
+    def _check(self, res: StepResult) -> None:
+        """A step that failed before or around its program: the client's error, or an infrastructure failure."""
+        if res.error is None or res.error.blame == "program":
+            return
+        raise from_dict(res.error.model_dump() | {"worker": res.worker})
+
+    async def run(self, req: RunCodeRequest, tenant: str) -> dict[str, Any]:
+        settings = self.gateway.settings
+        if req.language not in LANGUAGES:
+            raise BadRequest(
+                f"language {req.language!r} is not available on this node (available: {', '.join(LANGUAGES)})"
+            )
+        deadline = time.monotonic() + req.compile_timeout + settings.fusion_queue_grace_s
+        if req.language == "sql":
+            if req.files or req.fetch_files:
+                raise BadRequest("files and fetch_files are not supported for language 'sql'")
+            step = StepRequest(runner="sql", action={"query": req.code}, timeout_s=req.run_timeout)
+            res = await self._until_admitted(lambda: self.gateway.step(step, tenant, deadline), deadline)
+            self._check(res)
+            result = sql_result(res)
+            return self._response(result, {}, "", res)
+        cfg = settings.runner_config("python")
+        assert isinstance(cfg, PythonRunnerConfig)
+        memory_mb = cfg.memory_mb
+        if req.memory_limit_MB > 0:
+            memory_mb = min(req.memory_limit_MB, memory_mb)
+        action: dict[str, Any] = {
+            "code": req.code,
+            "stdin": req.stdin or "",
+            "files": {p: c or "" for p, c in req.files.items()},
+            "file_encoding": "base64",
+        }
+        limits = Limits(memory_mb=memory_mb)
+        if not req.fetch_files:
+            step = StepRequest(runner="python", action=action, timeout_s=req.run_timeout, limits=limits)
+            res = await self._until_admitted(lambda: self.gateway.step(step, tenant, deadline), deadline)
+            self._check(res)
+            return self._response(python_result(res, memory_mb), {}, "", res)
+        return await self._run_and_fetch(req, tenant, action, limits, memory_mb, deadline)
+
+    async def _run_and_fetch(
+        self, req: RunCodeRequest, tenant: str, action: dict[str, Any], limits: Limits, memory_mb: int, deadline: float
+    ) -> dict[str, Any]:
+        """fetch_files: the program runs as the first cell of a private session, a fetch cell reads its files.
+
+        A one-shot's working directory ends with its program, by design; a session keeps it
+        for one more cell. The session is closed whatever happens.
+        """
+        paths = _fetch_paths(req.fetch_files)
+        info = await self._until_admitted(
+            lambda: self.gateway.create_session(SessionCreate(runner="python", idle_timeout_s=60.0), tenant), deadline
+        )
+        sid = info.session_id
+        try:
+            step = StepRequest(runner="python", action=action, session_id=sid, timeout_s=req.run_timeout, limits=limits)
+            res = await self.gateway.step(step, tenant)
+            self._check(res)
+            result = python_result(res, memory_mb)
+            files: dict[str, str] = {}
+            note = ""
+            if (res.observation or {}).get("session_alive") is False:
+                note = "fetch_files: the program's sandbox ended with it (timeout or kill); no files"
+            else:
+                marker = FETCH_MARKER + secrets.token_hex(8) + ":"
+                fetch = StepRequest(
+                    runner="python",
+                    action={"code": _fetch_program(paths, marker)},
+                    session_id=sid,
+                    timeout_s=min(self.gateway.settings.max_timeout_s, FETCH_TIMEOUT_S),
+                )
+                got = await self.gateway.step(fetch, tenant)
+                files, note = _parse_fetch(got, marker)
+            return self._response(result, files, note, res)
+        finally:
+            with contextlib.suppress(SandboxdError):  # already gone with its program
+                await self.gateway.close_session(sid, tenant, why="run_code finished")
+
+    def _response(self, result: dict[str, Any], files: dict[str, str], note: str, res: StepResult) -> dict[str, Any]:
+        status = run_status([result])
+        return {
+            "status": status,
+            "message": note,
+            "compile_result": None,
+            "run_result": result,
+            "executor_pod_name": self.gateway.settings.node_id,
+            "files": files,
+            "blame": None if status == "Success" else "program",
+            "worker": res.worker,
+        }
+
+
+def _parse_fetch(res: StepResult, marker: str) -> tuple[dict[str, str], str]:
+    obs = res.observation or {}
+    out = obs.get("stdout", "")
+    line = next((ln for ln in out.splitlines() if ln.startswith(marker)), None)
+    if res.error is not None and res.error.blame != "program":
+        return {}, f"fetch_files failed: {res.error.message}"
+    if line is None:
+        why = "the files were larger than the output cap" if obs.get("stdout_truncated") else "the program's state"
+        return {}, f"fetch_files: no files returned ({why} kept the fetch from finishing)"
+    try:
+        doc = orjson.loads(line[len(marker) :])
+        files = {str(k): str(v) for k, v in doc["files"].items()}
+        errors = {str(k): str(v) for k, v in doc["errors"].items()}
+    except (orjson.JSONDecodeError, KeyError, AttributeError, TypeError):
+        return {}, "fetch_files: the program's state spoiled the fetch"
+    note = "; ".join(f"{p}: {e}" for p, e in errors.items())
+    return files, f"fetch_files: {note}" if note else ""
+
+
+def router(gateway: Gateway, auth: Auth) -> APIRouter:
+    api = surface_router(fusion_error)
+    runner = FusionRunner(gateway)
+    Tenant = Annotated[str, Depends(auth)]
+
+    @api.post("/run_code", tags=["sandboxfusion"])
+    async def run_code(req: RunCodeRequest, tenant: Tenant) -> Response:
+        """SandboxFusion's ``/run_code``: python (jailed) and sql (DuckDB); always 200 for execution outcomes."""
+        return json_response(await runner.run(req, tenant))
+
+    @api.get("/v1/ping", tags=["sandboxfusion"])
+    async def ping() -> Response:
+        """SandboxFusion's liveness probe: "pong"."""
+        return json_response("pong")
+
+    return api

@@ -1,0 +1,164 @@
+"""SandboxFusion's /run_code against a real node, driven by the official ``sandbox-fusion`` client
+and by requests shaped exactly as verl's code reward sends them."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import running_node
+
+pytestmark = pytest.mark.nsjail
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running_node(
+        runners='["python", "sql"]',
+        workers=2,
+        sql__scale_factor=0.01,
+        sql__data_dir=str(tmp_path_factory.mktemp("tpch")),
+        python__memory_mb=256,
+        fusion_queue_grace_s=1.0,
+    ) as base:
+        yield base
+
+
+def verl_request(base: str, code: str, stdin: str | None = None, timeout: int = 10, language: str = "python") -> Any:
+    """What verl's ``call_sandbox_api`` posts (json.dumps body, these headers, compile+run+10 s timeout)."""
+    import requests
+
+    payload = json.dumps(
+        {
+            "compile_timeout": timeout,
+            "run_timeout": timeout,
+            "code": code,
+            "stdin": stdin,
+            "memory_limit_MB": 1024,
+            "language": language,
+            "files": {},
+            "fetch_files": [],
+        }
+    )
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    return requests.post(f"{base}/run_code", headers=headers, data=payload, timeout=timeout * 2 + 10)
+
+
+def test_official_client_runs_python(node: str) -> None:
+    from sandbox_fusion import RunCodeRequest, RunStatus, run_code
+
+    ok = run_code(RunCodeRequest(code="import sys\nprint(sys.stdin.read().upper())", language="python", stdin="hi"),
+                  endpoint=node, max_attempts=1)  # fmt: skip
+    assert ok.status == RunStatus.Success and ok.run_result is not None
+    assert ok.run_result.stdout == "HI\n" and ok.run_result.return_code == 0 and ok.compile_result is None
+    assert ok.run_result.execution_time is not None and ok.run_result.execution_time > 0
+
+    failed = run_code(RunCodeRequest(code="raise SystemExit(3)", language="python"), endpoint=node, max_attempts=1)
+    assert failed.status == RunStatus.Failed and failed.run_result.return_code == 3
+
+
+async def test_official_async_client_with_files_and_fetch(node: str) -> None:
+    from sandbox_fusion import RunCodeRequest, RunStatus, run_code_async
+
+    blob = bytes(range(256))
+    code = (
+        "import os\n"
+        "data = open('in/blob.bin', 'rb').read()\n"
+        "open('out.bin', 'wb').write(data[::-1])\n"
+        "os.makedirs('sub')\n"
+        "open('sub/notes.txt', 'w').write('made here')\n"
+        "print(len(data))"
+    )
+    req = RunCodeRequest(
+        code=code,
+        language="python",
+        files={"in/blob.bin": base64.b64encode(blob).decode()},
+        fetch_files=["out.bin", "sub/notes.txt", "missing.txt"],
+    )
+    res = await run_code_async(req, endpoint=node, max_attempts=1)
+    assert res.status == RunStatus.Success, res
+    assert res.run_result is not None and res.run_result.stdout == "256\n"
+    assert base64.b64decode(res.files["out.bin"]) == blob[::-1]
+    assert base64.b64decode(res.files["sub/notes.txt"]) == b"made here"
+    assert "missing.txt" not in res.files and "missing.txt" in res.message
+
+
+def test_verl_shaped_requests_and_their_outcomes(node: str) -> None:
+    ok = verl_request(node, "print(int(input()) * 2)", stdin="21")
+    assert ok.status_code == 200
+    body = ok.json()
+    assert body["status"] == "Success" and body["run_result"]["stdout"] == "42\n"
+    for key in ("status", "return_code", "stdout", "stderr", "execution_time"):
+        assert key in body["run_result"], key
+
+    null_stdin = verl_request(node, "print('no input')", stdin=None).json()
+    assert null_stdin["status"] == "Success" and null_stdin["run_result"]["stdout"] == "no input\n"
+
+    crash = verl_request(node, "print('partial')\n1/0").json()
+    assert crash["status"] == "Failed" and crash["run_result"]["status"] == "Finished"
+    assert crash["run_result"]["return_code"] == 1 and "ZeroDivisionError" in crash["run_result"]["stderr"]
+    assert crash["blame"] == "program"
+
+    slow = verl_request(node, "import time\nprint('started', flush=True)\ntime.sleep(30)", timeout=1).json()
+    assert slow["status"] == "Failed" and slow["run_result"]["status"] == "TimeLimitExceeded"
+    assert slow["run_result"]["return_code"] is None and slow["run_result"]["stdout"] == "started\n"
+
+    # verl asks for 1024 MB; this node gives at most 256 and says so; a memory bomb is the program's failure.
+    bomb = verl_request(node, "x = bytearray(600 << 20)").json()
+    assert bomb["status"] == "Failed" and bomb["run_result"]["status"] == "Finished"
+    assert bomb["run_result"]["memory_limit_mb"] == 256
+    assert bomb["run_result"]["killed_by"] == "memory" or bomb["run_result"]["return_code"] != 0
+
+
+def test_sql_language_runs_on_duckdb(node: str) -> None:
+    res = verl_request(node, "SELECT 1 AS a, 'x,y' AS b UNION ALL SELECT 2, 'z' ORDER BY a", language="sql").json()
+    assert res["status"] == "Success", res
+    assert res["run_result"]["stdout"] == 'a,b\n1,"x,y"\n2,z\n'
+    bad = verl_request(node, "SELEC nonsense", language="sql").json()
+    assert bad["status"] == "Failed" and bad["run_result"]["return_code"] == 1 and bad["run_result"]["stderr"]
+
+
+def test_client_errors_are_clear_4xx(node: str) -> None:
+    from sandbox_fusion import RunCodeRequest, run_code
+
+    r = httpx.post(f"{node}/run_code", json={"code": "print(1)", "language": "cpp"})
+    assert r.status_code == 422 and "language 'cpp' is not available on this node (available: python, sql)" in r.text
+    with pytest.raises(Exception, match="422"):
+        run_code(RunCodeRequest(code="int main(){}", language="cpp"), endpoint=node, max_attempts=1)
+    r = httpx.post(f"{node}/run_code", json={"language": "python"})
+    assert r.status_code == 422 and "code" in r.json()["detail"]
+    r = httpx.post(f"{node}/run_code", json={"code": "print(1)", "run_timeout": 100_000})
+    assert r.status_code == 422 and "max_timeout_s" in r.json()["detail"]
+    r = httpx.post(f"{node}/run_code", json={"code": "1", "files": {"a": "%%% not base64"}})
+    assert r.status_code == 422 and "not valid base64" in r.json()["detail"]
+    r = httpx.post(f"{node}/run_code", json={"code": "1", "fetch_files": ["../../etc/passwd"]})
+    assert r.status_code == 422 and "not a path inside the working directory" in r.json()["detail"]
+    # Only the language is defaulted (verl's tutorial sends nothing else); unknown fields are ignored.
+    r = httpx.post(f"{node}/run_code", json={"code": "print('ok')", "args": ["-q"], "extra": 1})
+    assert r.status_code == 200 and r.json()["status"] == "Success"
+    assert httpx.get(f"{node}/v1/ping").json() == "pong"
+
+
+async def test_overload_queues_then_answers_504_never_429(node: str) -> None:
+    """More programs than sandboxes: requests wait; those whose deadline passes get 504 (verl retries it)."""
+    async with httpx.AsyncClient(base_url=node, timeout=60) as http:
+        slow = {"code": "import time; time.sleep(2.5)", "compile_timeout": 0, "run_timeout": 5}
+        t0 = time.monotonic()
+        answers = await asyncio.gather(*(http.post("/run_code", json=slow) for _ in range(24)))
+        wall = time.monotonic() - t0
+    codes = sorted(a.status_code for a in answers)
+    assert set(codes) <= {200, 504} and 429 not in codes, codes
+    assert codes.count(200) >= 4 and codes.count(504) >= 1, codes  # some ran, the rest were told in time
+    for a in answers:
+        if a.status_code == 504:
+            assert "waited" in a.json()["detail"] or "slots busy" in a.json()["detail"]
+        else:
+            assert a.json()["status"] == "Success"
+    assert wall < 20, wall  # nobody waited past compile_timeout + grace + run
