@@ -77,8 +77,8 @@ class NodeSettings(BaseSettings):
         5.0,
         ge=0,
         description="SandboxFusion /run_code: how long past its compile_timeout a request may wait for a free "
-        "sandbox before it gets 504 (never 429: verl retries 504 only). Its run_timeout still fits in the "
-        "compile + run + 10 s verl's client waits.",
+        "sandbox before it gets 504 (never 429: verl retries 504 only), and never longer than queue_timeout_s. "
+        "Its run_timeout still fits in the compile + run + 10 s verl's client waits.",
     )
     default_timeout_s: float = Field(10.0, gt=0, description="Execution time limit of a step that gives none.")
     max_timeout_s: float = Field(300.0, gt=0, description="Largest timeout_s a step may ask for.")

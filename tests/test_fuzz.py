@@ -35,6 +35,8 @@ OPERATIONS = [
     "GET /healthz",
     "GET /readyz",
     "GET /metrics",
+    "POST /run_code",
+    "GET /v1/ping",
 ]
 
 

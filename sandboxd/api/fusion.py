@@ -213,7 +213,9 @@ class FusionRunner:
             raise BadRequest(
                 f"language {req.language!r} is not available on this node (available: {', '.join(LANGUAGES)})"
             )
-        deadline = time.monotonic() + req.compile_timeout + settings.fusion_queue_grace_s
+        # Never longer than any step may wait here (queue_timeout_s): a huge compile_timeout holds no connection.
+        wait_s = min(req.compile_timeout + settings.fusion_queue_grace_s, settings.queue_timeout_s)
+        deadline = time.monotonic() + wait_s
         if req.language == "sql":
             if req.files or req.fetch_files:
                 raise BadRequest("files and fetch_files are not supported for language 'sql'")

@@ -36,6 +36,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "cooldown": 0.0,
         "concurrency": [1, 4],
         "b9_concurrency": [4],
+        "b9_duration": 20.0,
         "b8_trials": 40,
         "b8_cold_trials": 6,
     },
@@ -45,6 +46,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "cooldown": 2.0,
         "concurrency": [1, 8, 32],
         "b9_concurrency": [8, 32],
+        "b9_duration": 60.0,
         "b8_trials": 300,
         "b8_cold_trials": 30,
     },
@@ -54,6 +56,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "cooldown": 60.0,
         "concurrency": [1, 8, 32, 128],
         "b9_concurrency": [64, 256, 1024],
+        "b9_duration": 300.0,
         "b8_trials": 1000,
         "b8_cold_trials": 200,
     },
@@ -69,6 +72,8 @@ class Plan:
     cooldown: float
     concurrency: list[int]
     b9_concurrency: list[int]  # B9's own levels (the suite's 64, 256, 1024 in full), unless --concurrency
+    # B9's own window: its rollouts last 10-100 s on a small machine, and 20 s counts a dozen of them.
+    b9_duration: float
     b8_trials: int
     b8_cold_trials: int
     preset: str
@@ -149,7 +154,7 @@ def run_timed(
     """One time-driven level of a closed-loop workload (B1, B7, ...)."""
     wl = WORKLOADS[wl_id]
     # A window shorter than a few units measures nothing (a B4 trajectory takes 1-3 s): stretch it.
-    duration = max(plan.duration, wl.min_duration_s)
+    duration = max(plan.b9_duration if wl_id == "B9" else plan.duration, wl.min_duration_s)
     progress.begin(f"{wl_id} c={c}", plan.warmup + duration)
     ncpu = instance["vcpus"]
     seed = wl.seed_base ^ c
@@ -299,6 +304,7 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
             "cooldown_sec": plan.cooldown,
             "concurrencies": plan.concurrency,
             "b9_concurrencies": plan.b9_concurrency,
+            "b9_duration_sec": plan.b9_duration,
             "b8_trials": plan.b8_trials,
             "b8_cold_trials": plan.b8_cold_trials,
             "target": target or "embedded",
@@ -321,4 +327,6 @@ def make_plan(workloads: list[str], preset: str, **overrides: Any) -> Plan:
     values.update({k: v for k, v in overrides.items() if v is not None})
     if overrides.get("concurrency") is not None:
         values["b9_concurrency"] = overrides["concurrency"]  # levels asked for are every workload's
+    if overrides.get("duration") is not None:
+        values["b9_duration"] = overrides["duration"]  # so is a window asked for
     return Plan(workloads=workloads or known, preset=preset, **values)
