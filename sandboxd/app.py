@@ -18,9 +18,10 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from sandboxd.api import fusion, native, ops
+from sandboxd.api import fusion, native, openenv, ops
 from sandboxd.api.auth import Auth
 from sandboxd.api.limits import BodyLimit
+from sandboxd.api.mcp_server import McpSurface
 from sandboxd.api.surface import json_response, native_error, request_error
 from sandboxd.config import NodeSettings, load_settings
 from sandboxd.gateway import Gateway
@@ -31,12 +32,15 @@ HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 def create_app(settings: NodeSettings | None = None) -> FastAPI:
     settings = settings or load_settings()
     gateway = Gateway(settings)
+    auth = Auth(settings)
+    mcp = McpSurface(gateway, auth)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
         try:
-            yield
+            async with mcp.running():
+                yield
         finally:
             await gateway.stop()
 
@@ -47,9 +51,10 @@ def create_app(settings: NodeSettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.gateway = gateway
-    auth = Auth(settings)
     app.include_router(native.router(gateway, auth))
     app.include_router(fusion.router(gateway, auth))
+    app.include_router(openenv.router(gateway, auth))
+    app.router.routes.extend(mcp.routes)
     app.include_router(ops.router(gateway, auth, protected=settings.auth_ops))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
-from fastapi import Request
+from starlette.requests import HTTPConnection
 
 from sandboxd.config import NodeSettings
 from sandboxd.errors import Unauthorized
@@ -31,8 +31,8 @@ class Auth:
     def enabled(self) -> bool:
         return bool(self.tenants)
 
-    def __call__(self, request: Request) -> str:
-        """The tenant of this request (a FastAPI dependency); ``Unauthorized`` (401) otherwise."""
+    def __call__(self, request: HTTPConnection) -> str:
+        """The tenant of this request or WebSocket (a FastAPI dependency); ``Unauthorized`` (401) otherwise."""
         if not self.tenants:
             return ANONYMOUS
         scheme, _, token = request.headers.get("authorization", "").partition(" ")

@@ -1,0 +1,220 @@
+"""MCP (streamable HTTP) at ``/mcp``: every enabled runner kind as tools, for agent inference backends.
+
+No ``from __future__ import annotations`` here: the SDK reads the tools'
+signatures at run time (the ``Context`` parameter is found by its type).
+
+Built on the official ``mcp`` SDK's server, stateless and answering in JSON: a
+tool call is one sandboxd step, so no MCP session state is needed, and any
+gateway process can answer any call. State lives in sandboxd sessions, named
+explicitly: ``open_session`` returns an id that the step tools take as
+``session_id`` (and ``close_session`` ends it; idle ones are reaped like any
+session). The caller's ``Authorization: Bearer <key>`` header picks the tenant
+exactly as on the native API.
+
+What a tool returns follows the blame rule: a program's own failure (an
+exception, a non-zero exit, a selector that matches nothing, an SQL error) is
+a normal result with ``ok: false`` -- an observation for the agent; anything
+that is not the program's (a bad argument, an unknown session, an overloaded
+node, a worker that died) is an MCP tool error (``isError``) whose text starts
+with the sandboxd error code, so the agent framework can tell "try something
+else" from "the sandbox failed".
+"""
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.routing import BaseRoute
+
+from sandboxd.api.auth import Auth
+from sandboxd.api.models import SessionCreate, StepRequest, StepResult
+from sandboxd.errors import SandboxdError, from_dict
+from sandboxd.gateway import Gateway
+
+INSTRUCTIONS = (
+    "Sandboxed execution for agents. One-shot tools run in a fresh sandbox; pass session_id (from "
+    "open_session) to keep state across calls. ok=false results are the program's own outcome; tool "
+    "errors are the sandbox's."
+)
+
+
+class ToolFailed(ToolError):
+    """Raised inside a tool: the SDK turns it into an ``isError`` result,
+    ``"Error executing tool <name>: <code>: <message>"`` (any other exception's text stays on the server)."""
+
+
+def _tenant(auth: Auth, ctx: Any) -> str:
+    request = ctx.request_context.request if ctx is not None else None
+    if request is None:
+        raise ToolFailed("unauthorized: no HTTP request behind this call")
+    try:
+        return auth(request)
+    except SandboxdError as exc:
+        raise ToolFailed(f"{exc.code}: {exc.message}") from None
+
+
+def _result(res: StepResult) -> dict[str, Any]:
+    if res.error is not None and res.error.blame != "program":
+        exc = from_dict(res.error.model_dump())
+        retry = f" (retry after {exc.retry_after_s:g} s)" if exc.retry_after_s else ""
+        raise ToolFailed(f"{exc.code}: {exc.message}{retry}")
+    return {
+        "ok": res.ok,
+        "observation": res.observation,
+        "error": None if res.error is None else res.error.model_dump(exclude_none=True),
+        "session_id": res.session_id,
+        "latency_ms": res.latency_ms,
+    }
+
+
+class McpSurface:
+    """The MCP server over one gateway; ``routes`` (just ``/mcp``) join the node's app."""
+
+    def __init__(self, gateway: Gateway, auth: Auth) -> None:
+        self.gateway, self.auth = gateway, auth
+        self.server: MCPServer[Any] = MCPServer("sandboxd", instructions=INSTRUCTIONS)
+        self._register()
+        # Host checks are for servers on a developer's laptop reachable from a browser; a node is
+        # addressed by whatever name its Service or load balancer has, and authenticates by key.
+        app = self.server.streamable_http_app(
+            stateless_http=True,
+            json_response=True,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+        # The SDK's app is one route (POST/GET/DELETE /mcp) when it does no auth of its own: taken as
+        # it is, with no mount (a mount at /mcp answers POST /mcp with a redirect to /mcp/).
+        self.routes: list[BaseRoute] = list(app.routes)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The SDK's session manager must run for the app's lifetime (a mounted app's lifespan never runs)."""
+        async with self.server.session_manager.run():
+            yield
+
+    async def _step(self, ctx: Any, runner: str, action: Any, session_id: str | None, timeout_s: float | None) -> Any:
+        tenant = _tenant(self.auth, ctx)
+        try:
+            req = StepRequest(runner=runner, action=action, session_id=session_id, timeout_s=timeout_s)
+        except ValueError as exc:
+            raise ToolFailed(f"bad_request: {exc}") from None
+        return _result(await self.gateway.step(req, tenant))
+
+    def _register(self) -> None:
+        kinds = set(self.gateway.kinds)
+        server = self.server
+        step = self._step
+
+        @server.tool(description="Open a sandboxd session of a runner kind; its state persists across calls.")
+        async def open_session(
+            runner: str, ttl_s: float | None = None, idle_timeout_s: float | None = None, ctx: Context | None = None
+        ) -> dict[str, Any]:
+            tenant = _tenant(self.auth, ctx)
+            try:
+                info = await self.gateway.create_session(
+                    SessionCreate(runner=runner, ttl_s=ttl_s, idle_timeout_s=idle_timeout_s), tenant
+                )
+            except SandboxdError as exc:
+                raise ToolFailed(f"{exc.code}: {exc.message}") from None
+            except ValueError as exc:
+                raise ToolFailed(f"bad_request: {exc}") from None
+            return info.model_dump()
+
+        @server.tool(description="Close a sandboxd session and free its sandbox.")
+        async def close_session(session_id: str, ctx: Context | None = None) -> dict[str, Any]:
+            tenant = _tenant(self.auth, ctx)
+            try:
+                await self.gateway.close_session(session_id, tenant)
+            except SandboxdError as exc:
+                raise ToolFailed(f"{exc.code}: {exc.message}") from None
+            return {"closed": session_id}
+
+        if "python" in kinds:
+
+            @server.tool(description="Run Python code (one-shot, or the next cell of session_id) in a jail.")
+            async def run_python(
+                code: str,
+                stdin: str = "",
+                session_id: str | None = None,
+                timeout_s: float | None = None,
+                ctx: Context | None = None,
+            ) -> dict[str, Any]:
+                result: dict[str, Any] = await step(
+                    ctx, "python", {"code": code, "stdin": stdin}, session_id, timeout_s
+                )
+                return result
+
+        if "sql" in kinds:
+
+            @server.tool(description="Run SQL on DuckDB over the node's read-only TPC-H data (or tpch=N).")
+            async def run_sql(
+                query: str | None = None,
+                tpch: int | None = None,
+                session_id: str | None = None,
+                timeout_s: float | None = None,
+                ctx: Context | None = None,
+            ) -> dict[str, Any]:
+                action = {k: v for k, v in (("query", query), ("tpch", tpch)) if v is not None}
+                result: dict[str, Any] = await step(ctx, "sql", action, session_id, timeout_s)
+                return result
+
+        if "textgame" in kinds:
+
+            @server.tool(description="Text game: {op: reset, seed} then {op: step, command} in a session.")
+            async def textgame(
+                action: dict[str, Any], session_id: str | None = None, ctx: Context | None = None
+            ) -> dict[str, Any]:
+                result: dict[str, Any] = await step(ctx, "textgame", action, session_id, None)
+                return result
+
+        if "browser" in kinds:
+
+            @server.tool(description="Browser actions (goto, click, fill, text, aria_snapshot, screenshot...).")
+            async def browser(
+                actions: list[dict[str, Any]],
+                session_id: str | None = None,
+                site: str = "shop",
+                timeout_s: float | None = None,
+                ctx: Context | None = None,
+            ) -> dict[str, Any]:
+                result: dict[str, Any] = await step(
+                    ctx, "browser", {"actions": actions, "site": site}, session_id, timeout_s
+                )
+                return result
+
+        if "tools" in kinds:
+            self._register_retail()
+
+    def _register_retail(self) -> None:
+        """Each retail tool as its own MCP tool, advertising the tool's own JSON schema for ``args``."""
+        from sandboxd.runners.tools.tools import openai_tools
+
+        for spec in openai_tools():
+            fn = spec["function"]
+            name = fn["name"]
+            handler = self._retail_handler(name)
+            self.server.add_tool(handler, name=f"retail_{name}", description=fn["description"])
+            tool = self.server._tool_manager.get_tool(f"retail_{name}")
+            assert tool is not None
+            tool.parameters = {
+                "type": "object",
+                "properties": {
+                    "args": fn["parameters"],
+                    "session_id": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+                },
+                "required": ["args"],
+            }
+
+    def _retail_handler(self, name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
+        step = self._step
+
+        async def call(
+            args: dict[str, Any], session_id: str | None = None, ctx: Context | None = None
+        ) -> dict[str, Any]:
+            result: dict[str, Any] = await step(ctx, "tools", {"tool": name, "args": args}, session_id, None)
+            return result
+
+        return call

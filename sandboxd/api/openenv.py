@@ -1,0 +1,294 @@
+"""OpenEnv's wire contract: each runner kind as an environment at ``/envs/<kind>``.
+
+An OpenEnv client's base URL is then ``http://node:8080/envs/textgame``; the
+official client (``openenv-core``'s ``EnvClient``) speaks the WebSocket at
+``<base>/ws``: one environment per connection, JSON frames
+``{"type": "reset"|"step"|"state"|"close", "data": ...}`` answered with
+``{"type": "observation", "data": {"observation", "reward", "done"}}``,
+``{"type": "state", "data": {...}}`` or ``{"type": "error", "data": {"message",
+"code"}}`` with OpenEnv's codes. Here an environment is a sandboxd session,
+opened by ``reset`` (a second reset starts a new one) and closed with the
+connection, however it ends: a trainer that dies leaves no sandbox behind.
+
+The HTTP routes (``/reset``, ``/step``, ``/state``, ``/schema``, ``/metadata``,
+``/health``) are stateless, as in OpenEnv: each request is a fresh environment.
+
+How a kind maps: the text game is the natural one (reset takes the seed, an
+action is ``{"command": "..."}``, reward and done come from the game). Every
+other kind is an environment whose action is that runner's action (python
+``{"code"}``, sql ``{"query"}``, tools ``{"tool", "args"}``, browser
+``{"actions": [...]}``), whose observation is the step's, reward null, done
+when its sandbox ended. A program's failure is an observation (``ok: false``);
+what is not the program's is an error frame.
+"""
+
+import contextlib
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Depends, WebSocket, WebSocketDisconnect
+from starlette.responses import Response
+
+from sandboxd.api.auth import Auth
+from sandboxd.api.models import SessionCreate, StepRequest, StepResult
+from sandboxd.api.surface import json_response, surface_router
+from sandboxd.errors import BadRequest, SandboxdError, Saturated, SessionLost, UnknownSession
+from sandboxd.gateway import Gateway
+
+MAX_FRAME_BYTES = 16 << 20  # an action of any kind fits well under this; larger frames close the connection
+
+
+class EnvError(Exception):
+    """An error frame: OpenEnv's code and a message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _env_code(exc: SandboxdError) -> str:
+    if isinstance(exc, Saturated):
+        return "CAPACITY_REACHED"
+    if isinstance(exc, (SessionLost, UnknownSession)):
+        return "SESSION_ERROR"
+    if exc.blame == "client":
+        return "VALIDATION_ERROR"
+    return "EXECUTION_ERROR"
+
+
+@dataclass(frozen=True)
+class EnvShape:
+    """How one kind looks as an environment."""
+
+    reset: Callable[[int | None], dict[str, Any] | None]  # the sandboxd action a reset runs, if any
+    action: Callable[[dict[str, Any]], Any]  # an OpenEnv action -> the sandboxd action
+    result: Callable[[dict[str, Any], StepResult], tuple[dict[str, Any], float | None, bool]]
+
+
+def _generic_result(obs_in: dict[str, Any], res: StepResult) -> tuple[dict[str, Any], float | None, bool]:
+    obs = {
+        "ok": res.ok,
+        "observation": res.observation,
+        "error": None if res.error is None else res.error.model_dump(exclude_none=True),
+    }
+    done = bool(res.observation and res.observation.get("session_alive") is False)
+    return obs, None, done
+
+
+def _game_result(obs_in: dict[str, Any], res: StepResult) -> tuple[dict[str, Any], float | None, bool]:
+    obs = dict(res.observation or {})
+    if res.error is not None:
+        obs["error"] = res.error.message
+    return obs, float(obs.get("reward", 0.0)), bool(obs.get("done", False))
+
+
+GENERIC = EnvShape(reset=lambda seed: None, action=lambda a: a, result=_generic_result)
+SHAPES: dict[str, EnvShape] = {
+    "textgame": EnvShape(
+        reset=lambda seed: {"op": "reset", "seed": seed or 0},
+        action=lambda a: {"op": "step", "command": a.get("command")} if "op" not in a else a,
+        result=_game_result,
+    ),
+}
+
+
+@dataclass
+class Environment:
+    """One connection's environment: a sandboxd session, opened by reset, closed with the connection."""
+
+    gateway: Gateway
+    kind: str
+    tenant: str
+    session_id: str | None = None
+    episode_id: str | None = None
+    step_count: int = 0
+    shape: EnvShape = field(default_factory=lambda: GENERIC)
+
+    async def reset(self, data: dict[str, Any]) -> dict[str, Any]:
+        seed = data.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+            raise EnvError("VALIDATION_ERROR", f"seed must be a non-negative integer, not {seed!r}")
+        await self.close()
+        try:
+            info = await self.gateway.create_session(SessionCreate(runner=self.kind), self.tenant)
+        except SandboxdError as exc:
+            raise EnvError(_env_code(exc), exc.message) from None
+        self.session_id = info.session_id
+        self.episode_id = str(data.get("episode_id") or uuid.uuid4())
+        self.step_count = 0
+        first = self.shape.reset(seed)
+        if first is None:
+            return {"observation": {"session_id": info.session_id, "ready": True}, "reward": None, "done": False}
+        return await self._run(first, count=False)
+
+    async def step(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise EnvError("VALIDATION_ERROR", "a step's data is the action, a JSON object")
+        if self.session_id is None:
+            raise EnvError("SESSION_ERROR", "no environment yet: send a reset first")
+        return await self._run(self.shape.action(data))
+
+    async def _run(self, action: Any, count: bool = True) -> dict[str, Any]:
+        try:
+            req = StepRequest(runner=self.kind, action=action, session_id=self.session_id)
+        except ValueError as exc:
+            raise EnvError("VALIDATION_ERROR", str(exc)) from None
+        res = await self.gateway.step(req, self.tenant)
+        if res.error is not None and res.error.blame != "program":
+            code = "VALIDATION_ERROR" if res.error.blame == "client" else "EXECUTION_ERROR"
+            if res.error.code in ("session_lost", "unknown_session"):
+                code = "SESSION_ERROR"
+            raise EnvError(code, f"{res.error.code}: {res.error.message}")
+        self.step_count += count
+        obs, reward, done = self.shape.result(action if isinstance(action, dict) else {}, res)
+        return {"observation": obs, "reward": reward, "done": done}
+
+    def state(self) -> dict[str, Any]:
+        return {"episode_id": self.episode_id, "step_count": self.step_count, "session_id": self.session_id}
+
+    async def close(self) -> None:
+        if self.session_id is not None:
+            sid, self.session_id = self.session_id, None
+            with contextlib.suppress(SandboxdError):
+                await self.gateway.close_session(sid, self.tenant, why="its OpenEnv connection ended")
+
+
+def _frame(kind: str, data: Any) -> str:
+    return orjson.dumps({"type": kind, "data": data}).decode()
+
+
+def _error(code: str, message: str) -> str:
+    return _frame("error", {"message": message, "code": code})
+
+
+def openenv_error(exc: SandboxdError) -> Response:
+    """HTTP routes: FastAPI's ``{"detail": ...}``, as OpenEnv's app answers."""
+    return json_response({"detail": exc.message, "code": _env_code(exc)}, exc.status)
+
+
+def router(gateway: Gateway, auth: Auth) -> APIRouter:
+    api = surface_router(openenv_error)
+    Tenant = Annotated[str, Depends(auth)]
+
+    def shape(kind: str) -> EnvShape:
+        gateway.kind(kind)  # UnknownRunner (422) for a kind this node does not run
+        return SHAPES.get(kind, GENERIC)
+
+    @api.websocket("/envs/{kind}/ws")
+    async def ws(websocket: WebSocket, kind: str) -> None:
+        await websocket.accept()
+        try:
+            tenant = auth(websocket)
+            env = Environment(gateway, kind, tenant, shape=shape(kind))
+        except SandboxdError as exc:
+            await websocket.send_text(_error("SESSION_ERROR" if exc.blame != "client" else "FACTORY_ERROR",
+                                             exc.message))  # fmt: skip
+            await websocket.close(1008)
+            return
+        try:
+            while True:
+                raw = await websocket.receive_text()
+                if len(raw) > MAX_FRAME_BYTES:
+                    await websocket.send_text(_error("INVALID_JSON", f"frame over {MAX_FRAME_BYTES} bytes"))
+                    await websocket.close(1009)
+                    return
+                try:
+                    msg = orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    await websocket.send_text(_error("INVALID_JSON", f"not JSON: {exc}"))
+                    continue
+                kind_of = msg.get("type") if isinstance(msg, dict) else None
+                try:
+                    if kind_of == "reset":
+                        data = msg.get("data") or {}
+                        if not isinstance(data, dict):
+                            raise EnvError("VALIDATION_ERROR", "reset data must be a JSON object")
+                        await websocket.send_text(_frame("observation", await env.reset(data)))
+                    elif kind_of == "step":
+                        await websocket.send_text(_frame("observation", await env.step(msg.get("data"))))
+                    elif kind_of == "state":
+                        await websocket.send_text(_frame("state", env.state()))
+                    elif kind_of == "close":
+                        await websocket.close(1000)
+                        return
+                    else:
+                        raise EnvError("UNKNOWN_TYPE", f"unknown message type {kind_of!r} (reset, step, state, close)")
+                except EnvError as exc:
+                    await websocket.send_text(_error(exc.code, exc.message))
+        except WebSocketDisconnect:
+            return
+        finally:
+            await env.close()
+
+    @api.post("/envs/{kind}/reset", tags=["openenv"])
+    async def reset(kind: str, tenant: Tenant, body: dict[str, Any] | None = None) -> Response:
+        """A fresh environment, reset (stateless, as OpenEnv's HTTP routes are); its first observation."""
+        env = Environment(gateway, kind, tenant, shape=shape(kind))
+        try:
+            return json_response(await env.reset(body or {}))
+        except EnvError as exc:
+            raise BadRequest(exc.message) from None
+        finally:
+            await env.close()
+
+    @api.post("/envs/{kind}/step", tags=["openenv"])
+    async def step(kind: str, tenant: Tenant, body: dict[str, Any]) -> Response:
+        """One action on a fresh environment (reset with seed 0 first where the kind has a reset)."""
+        action = body.get("action")
+        if not isinstance(action, dict):
+            raise BadRequest("body.action: a JSON object is required")
+        env = Environment(gateway, kind, tenant, shape=shape(kind))
+        try:
+            await env.reset({})
+            return json_response(await env.step(action))
+        except EnvError as exc:
+            raise BadRequest(exc.message) from None
+        finally:
+            await env.close()
+
+    @api.get("/envs/{kind}/state", tags=["openenv"])
+    async def state(kind: str, _: Tenant) -> Response:
+        shape(kind)
+        return json_response({"episode_id": None, "step_count": 0})
+
+    @api.get("/envs/{kind}/health", tags=["openenv"])
+    async def health(kind: str) -> Response:
+        shape(kind)
+        return json_response({"status": "healthy"})
+
+    @api.get("/envs/{kind}/metadata", tags=["openenv"])
+    async def metadata(kind: str) -> Response:
+        k = gateway.kind(kind)
+        return json_response(
+            {
+                "name": kind,
+                "description": k.title,
+                "readme_content": None,
+                "version": "0.1.0",
+                "author": "sandboxd",
+                "documentation_url": None,
+            }
+        )
+
+    @api.get("/envs/{kind}/schema", tags=["openenv"])
+    async def schema(kind: str) -> Response:
+        k = gateway.kind(kind)
+        return json_response(
+            {
+                "action": k.action.model_json_schema(),
+                "observation": k.observation.model_json_schema(),
+                "state": {
+                    "type": "object",
+                    "properties": {
+                        "episode_id": {"type": ["string", "null"]},
+                        "step_count": {"type": "integer"},
+                        "session_id": {"type": ["string", "null"]},
+                    },
+                },
+            }
+        )
+
+    return api
