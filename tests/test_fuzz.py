@@ -37,6 +37,12 @@ OPERATIONS = [
     "GET /metrics",
     "POST /run_code",
     "GET /v1/ping",
+    "POST /envs/{kind}/reset",
+    "POST /envs/{kind}/step",
+    "GET /envs/{kind}/state",
+    "GET /envs/{kind}/health",
+    "GET /envs/{kind}/metadata",
+    "GET /envs/{kind}/schema",
 ]
 
 

@@ -1,4 +1,4 @@
-"""sandboxd one-shot vs sandboxd session vs ``prlimit python -c``, one run, same programs.
+"""sandboxd one-shot vs session vs SandboxFusion's /run_code vs ``prlimit python -c``, one run, same programs.
 
     .venv/bin/python -m sandboxd.bench.python_vs_baseline [--duration 10] [--concurrency 1,8,32] [--target URL]
 
@@ -26,7 +26,7 @@ from sandboxd.bench.stats import percentile
 from sandboxd.bench.workloads import WORKLOADS, real_python
 from sandboxd.localnode import local_node
 
-MODES = {"oneshot": "B1", "session": "B1-session", "baseline": "B1-baseline"}
+MODES = {"oneshot": "B1", "session": "B1-session", "fusion": "B1-fusion", "baseline": "B1-baseline"}
 
 
 @dataclass(frozen=True)

@@ -202,6 +202,23 @@ class CodeExecSession(CodeExec):
             await loop.conn.request("DELETE", f"/sessions/{loop.state['session_id']}")
 
 
+class CodeExecFusion(CodeExec):
+    """B1's programs through the SandboxFusion surface (``POST /run_code``), as verl sends them."""
+
+    id, name, title = "B1-fusion", "codeexec_fusion", "CodeExec via /run_code"
+    listed = False
+
+    async def op(self, loop: Loop) -> OpResult:
+        code = loop.shared[loop.rng.randrange(len(loop.shared))]
+        body = {"code": code, "language": "python", "run_timeout": self.timeout_s, "compile_timeout": 10}
+        status, result = await loop.conn.request("POST", "/run_code", body)
+        if status != 200:
+            return OpResult(error=f"HTTP {status} from /run_code: {str(result)[:200]}", blame="infra")
+        if result.get("status") == "SandboxError":
+            return OpResult(error=f"SandboxError: {result.get('message')}", blame="infra")
+        return OpResult(passed=result["status"] == "Success")
+
+
 class CodeExecBaseline(CodeExec):
     """B1's programs as a plain worker runs them: ``prlimit --cpu --as python -c`` per op, no HTTP."""
 
@@ -518,6 +535,7 @@ WORKLOADS: dict[str, Workload] = {
         ColdStart(),
         ConcurrentMixed(),
         CodeExecSession(),
+        CodeExecFusion(),
         CodeExecBaseline(),
     )
 }
