@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -51,6 +52,11 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from sandboxd.serving import DrainingServer
 
+    # Ours, before any library's: the MCP SDK calls logging.basicConfig (a Rich handler at INFO) when it is
+    # not configured yet, which would override SANDBOXD_LOG_LEVEL for every sandboxd logger.
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+    )
     app = create_app(settings)
     config = uvicorn.Config(
         app,

@@ -76,7 +76,9 @@ class McpSurface:
 
     def __init__(self, gateway: Gateway, auth: Auth) -> None:
         self.gateway, self.auth = gateway, auth
-        self.server: MCPServer[Any] = MCPServer("sandboxd", instructions=INSTRUCTIONS)
+        # The SDK calls logging.basicConfig with this level; `sandboxd serve` configured logging before (so
+        # that is a no-op there), and an app embedded elsewhere should not get INFO logs from a library.
+        self.server: MCPServer[Any] = MCPServer("sandboxd", instructions=INSTRUCTIONS, log_level="WARNING")
         self._register()
         # Host checks are for servers on a developer's laptop reachable from a browser; a node is
         # addressed by whatever name its Service or load balancer has, and authenticates by key.
