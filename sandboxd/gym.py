@@ -108,6 +108,36 @@ class _Core:
     def body(self, action: dict[str, Any]) -> dict[str, Any]:
         return {"runner": self.runner, "action": action, "session_id": self.session_id}
 
+    def spaces(self) -> tuple[spaces.Text, spaces.Text]:
+        """(observation, action) spaces: text, an action no longer than the kind accepts."""
+        return (
+            spaces.Text(max_length=MAX_TEXT, min_length=0, charset=CHARSET),
+            spaces.Text(max_length=MAX_ACTION.get(self.runner, MAX_TEXT), min_length=1, charset=CHARSET),
+        )
+
+    def opened(self, info: dict[str, Any]) -> None:
+        self.session_id, self.steps = info["session_id"], 0
+
+    def first_observation(self, result: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+        obs = "" if result is None else _observe(self.runner, result)[0]
+        return obs, {"session_id": self.session_id}
+
+    def step_body(self, action: str) -> dict[str, Any]:
+        if self.session_id is None:
+            raise gymnasium.error.ResetNeeded("call reset() before step()")
+        return self.body(_action(self.runner, action))
+
+    def outcome(self, result: dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        self.steps += 1
+        obs, reward, terminated = _observe(self.runner, result)
+        truncated = not terminated and self.steps >= self.max_steps
+        return obs, reward, terminated, truncated, {"ok": result.get("ok")}
+
+    def ending(self) -> str | None:
+        """The session to delete, forgotten here first (a failed delete must not be retried forever)."""
+        sid, self.session_id = self.session_id, None
+        return sid
+
 
 class SandboxdEnv(gymnasium.Env[str, str]):
     """A Gymnasium environment whose state is a sandboxd session of ``runner``."""
@@ -125,8 +155,7 @@ class SandboxdEnv(gymnasium.Env[str, str]):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s)
         self._core = _Core(runner, max_steps)
-        self.observation_space = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=CHARSET)
-        self.action_space = spaces.Text(max_length=MAX_ACTION.get(runner, MAX_TEXT), min_length=1, charset=CHARSET)
+        self.observation_space, self.action_space = self._core.spaces()
 
     @property
     def session_id(self) -> str | None:
@@ -135,29 +164,18 @@ class SandboxdEnv(gymnasium.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self._end_session()
-        info = _check(self._http.post("/sessions", json={"runner": self._core.runner}), "opening a session")
-        self._core.session_id, self._core.steps = info["session_id"], 0
+        self._core.opened(_check(self._http.post("/sessions", json={"runner": self._core.runner}), "opening a session"))
         first = self._core.first_action(seed)
-        if first is None:
-            return "", {"session_id": self._core.session_id}
-        result = _check(self._http.post("/rollout/step", json=self._core.body(first)), "reset")
-        obs, _, _ = _observe(self._core.runner, result)
-        return obs, {"session_id": self._core.session_id}
+        body = None if first is None else self._core.body(first)
+        result = None if body is None else _check(self._http.post("/rollout/step", json=body), "reset")
+        return self._core.first_observation(result)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._core.session_id is None:
-            raise gymnasium.error.ResetNeeded("call reset() before step()")
-        result = _check(
-            self._http.post("/rollout/step", json=self._core.body(_action(self._core.runner, action))), "step"
-        )
-        self._core.steps += 1
-        obs, reward, terminated = _observe(self._core.runner, result)
-        truncated = not terminated and self._core.steps >= self._core.max_steps
-        return obs, reward, terminated, truncated, {"ok": result.get("ok")}
+        body = self._core.step_body(action)
+        return self._core.outcome(_check(self._http.post("/rollout/step", json=body), "step"))
 
     def _end_session(self) -> None:
-        if self._core.session_id is not None:
-            sid, self._core.session_id = self._core.session_id, None
+        if (sid := self._core.ending()) is not None:
             self._http.delete(f"/sessions/{sid}")
 
     def close(self) -> None:
@@ -182,33 +200,23 @@ class AsyncSandboxdEnv:
         self._own = client is None
         self._http = client or httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s)
         self._core = _Core(runner, max_steps)
-        self.observation_space = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=CHARSET)
-        self.action_space = spaces.Text(max_length=MAX_ACTION.get(runner, MAX_TEXT), min_length=1, charset=CHARSET)
+        self.observation_space, self.action_space = self._core.spaces()
 
     async def reset(self, *, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         await self._end_session()
-        info = _check(await self._http.post("/sessions", json={"runner": self._core.runner}), "opening a session")
-        self._core.session_id, self._core.steps = info["session_id"], 0
+        opened = await self._http.post("/sessions", json={"runner": self._core.runner})
+        self._core.opened(_check(opened, "opening a session"))
         first = self._core.first_action(seed)
-        if first is None:
-            return "", {"session_id": self._core.session_id}
-        result = _check(await self._http.post("/rollout/step", json=self._core.body(first)), "reset")
-        obs, _, _ = _observe(self._core.runner, result)
-        return obs, {"session_id": self._core.session_id}
+        body = None if first is None else self._core.body(first)
+        result = None if body is None else _check(await self._http.post("/rollout/step", json=body), "reset")
+        return self._core.first_observation(result)
 
     async def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._core.session_id is None:
-            raise gymnasium.error.ResetNeeded("call reset() before step()")
-        body = self._core.body(_action(self._core.runner, action))
-        result = _check(await self._http.post("/rollout/step", json=body), "step")
-        self._core.steps += 1
-        obs, reward, terminated = _observe(self._core.runner, result)
-        truncated = not terminated and self._core.steps >= self._core.max_steps
-        return obs, reward, terminated, truncated, {"ok": result.get("ok")}
+        body = self._core.step_body(action)
+        return self._core.outcome(_check(await self._http.post("/rollout/step", json=body), "step"))
 
     async def _end_session(self) -> None:
-        if self._core.session_id is not None:
-            sid, self._core.session_id = self._core.session_id, None
+        if (sid := self._core.ending()) is not None:
             await self._http.delete(f"/sessions/{sid}")
 
     async def close(self) -> None:
