@@ -427,5 +427,7 @@ class Gateway:
         while True:
             await asyncio.sleep(self.settings.reap_interval_s)
             for rec, why in await self.sessions.expired():
+                if why == "idle" and rec.session_id in self._busy:
+                    continue  # a session running a step is not idle, however long the step (its TTL still holds)
                 self.metrics.sessions_reaped.labels(why).inc()
                 await self._forget(rec.session_id, f"reaped ({why})")

@@ -171,6 +171,16 @@ async def test_sessions_end_at_their_ttl(http: httpx.AsyncClient, kind: str) -> 
     assert r["http"] == 404 and "reaped (ttl)" in r["error"]["message"], r
 
 
+async def test_a_step_longer_than_the_idle_timeout_is_not_reaped_mid_step(http: httpx.AsyncClient) -> None:
+    """Found by the red team: a 65 s program in a session with a 60 s idle timeout was killed by the reaper."""
+    sid = await open_session(http, "python", idle_timeout_s=0.5)
+    try:
+        r = await run(http, "python", {"code": "import time; time.sleep(1.5); print('done')"}, sid)
+        assert r["http"] == 200 and r["observation"]["stdout"] == "done\n", r
+    finally:
+        await http.delete(f"/sessions/{sid}")
+
+
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_step_for_another_kind_is_refused(http: httpx.AsyncClient, kind: str) -> None:
     other = next(k for k in KINDS if k != kind)

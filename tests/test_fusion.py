@@ -90,6 +90,29 @@ async def test_official_async_client_with_files_and_fetch(node: str) -> None:
     assert "missing.txt" not in res.files and "missing.txt" in res.message
 
 
+def test_fetch_files_keeps_one_shot_semantics_and_blame(node: str) -> None:
+    """A program's threads and exit handlers finish before the files are read, as when a one-shot exits;
+    a program that breaks its own sandbox is its own failure; files over the output cap are said to be."""
+    threads = (
+        "import atexit, threading\n"
+        "atexit.register(lambda: open('late.txt', 'w').write('from atexit') and print('bye'))\n"
+        "def main():\n    print(int(input()) * 2)\n"
+        "threading.Thread(target=main).start()"
+    )
+    r = httpx.post(f"{node}/run_code", json={"code": threads, "stdin": "21", "fetch_files": ["late.txt"]}, timeout=60)
+    body = r.json()
+    assert body["status"] == "Success" and body["run_result"]["stdout"] == "42\nbye\n", body
+    assert base64.b64decode(body["files"]["late.txt"]) == b"from atexit"
+
+    broken = {"code": "import os\nos.closerange(3, 1024)\nwhile True: pass", "run_timeout": 3, "fetch_files": ["a"]}
+    body = httpx.post(f"{node}/run_code", json=broken, timeout=60).json()
+    assert body["status"] == "Failed" and body["blame"] == "program" and body["run_result"]["killed_by"] == "protocol"
+
+    big = {"code": "open('a', 'wb').write(b'x' * (900 << 10))", "fetch_files": ["a"]}
+    body = httpx.post(f"{node}/run_code", json=big, timeout=60).json()
+    assert body["status"] == "Success" and body["files"] == {} and "larger than this node returns" in body["message"]
+
+
 def test_verl_shaped_requests_and_their_outcomes(node: str) -> None:
     ok = verl_request(node, "print(int(input()) * 2)", stdin="21")
     assert ok.status_code == 200
@@ -138,6 +161,10 @@ def test_client_errors_are_clear_4xx(node: str) -> None:
     assert r.status_code == 422 and "max_timeout_s" in r.json()["detail"]
     r = httpx.post(f"{node}/run_code", json={"code": "1", "files": {"a": "%%% not base64"}})
     assert r.status_code == 422 and "not valid base64" in r.json()["detail"]
+    r = httpx.post(f"{node}/run_code", json={"code": "1", "memory_limit_MB": 15})
+    assert r.status_code == 422 and "below the smallest sandbox" in r.json()["detail"]
+    r = httpx.post(f"{node}/run_code", json={"code": "1", "fetch_files": ["a"] * 1001})
+    assert r.status_code == 422 and "fetch_files" in r.json()["detail"]
     r = httpx.post(f"{node}/run_code", json={"code": "1", "fetch_files": ["../../etc/passwd"]})
     assert r.status_code == 422 and "not a path inside the working directory" in r.json()["detail"]
     # Only the language is defaulted (verl's tutorial sends nothing else); unknown fields are ignored.

@@ -411,6 +411,15 @@ async def test_a_session_program_writing_to_its_channel_ends_only_its_session(
         await http.delete(f"/sessions/{good}")
 
 
+async def test_a_session_program_closing_its_channel_is_its_own_failure_at_once(http: httpx.AsyncClient) -> None:
+    """Found by the red team: this was a 10 s wait and then session_lost, blamed on the infrastructure."""
+    sid = await session(http)
+    r = await py(http, "import os\nos.closerange(3, 1024)\nwhile True: pass", session_id=sid, timeout_s=3)
+    assert r["http"] == 200 and r["error"]["blame"] == "program", r
+    assert r["observation"]["killed_by"] == "protocol" and r["observation"]["session_alive"] is False, r
+    assert r["latency_ms"] < 3000, r  # within its own time limit, not after a 10 s wait for a report
+
+
 def _cgroup_usage(node_id: str, pid: int, rel: str) -> int:
     root = Path("/sys/fs/cgroup/memory")
     (group,) = [p for p in root.glob(f"**/{node_id}-{pid}-w0") if p.is_dir()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -96,6 +97,8 @@ async def test_the_wire_frames_capacity_and_cleanup(node: str) -> None:
             assert full["type"] == "error" and full["data"]["code"] == "CAPACITY_REACHED", full
             await c.send("{not json")
             assert json.loads(await c.recv())["data"]["code"] == "INVALID_JSON"
+            await c.send(b"\x01")  # a binary frame: not JSON, said so, the connection stays
+            assert json.loads(await c.recv())["data"]["code"] == "INVALID_JSON"
             await c.send(json.dumps({"type": "dance"}))
             assert json.loads(await c.recv())["data"]["code"] == "UNKNOWN_TYPE"
             await c.send(json.dumps({"type": "step", "data": {"command": "look"}}))
@@ -120,5 +123,15 @@ def test_stateless_http_routes(node: str) -> None:
     schema = httpx.get(f"{node}/envs/python/schema").json()
     assert "code" in schema["action"]["properties"] and "stdout" in schema["observation"]["properties"]
     assert httpx.get(f"{node}/envs/python/metadata").json()["name"] == "python"
+    with contextlib.ExitStack() as stack:  # the session cap (1 worker x 2 textgame sessions) is a 429, not a 422
+        import websockets.sync.client
+
+        socks = [stack.enter_context(websockets.sync.client.connect(node.replace("http", "ws") + "/envs/textgame/ws"))
+                 for _ in range(2)]  # fmt: skip
+        for ws in socks:
+            ws.send(json.dumps({"type": "reset", "data": {}}))
+            assert json.loads(ws.recv())["type"] == "observation"
+        full = httpx.post(f"{node}/envs/textgame/reset", json={}, timeout=30)
+        assert full.status_code == 429 and full.json()["code"] == "CAPACITY_REACHED", full.text
     missing = httpx.get(f"{node}/envs/sql/health")
     assert missing.status_code == 422 and "not enabled on this node" in missing.json()["detail"]

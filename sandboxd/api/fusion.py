@@ -31,6 +31,7 @@ import posixpath
 import random
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import orjson
@@ -47,6 +48,8 @@ from sandboxd.runners.python.config import PythonRunnerConfig
 
 LANGUAGES = ("python", "sql")  # the ones this node can run; SandboxFusion's others get a clear 422
 FETCH_MARKER = "\x00sandboxd-fetch:"
+MIN_MEMORY_MB = 16  # the smallest sandbox the runner makes (Limits.memory_mb)
+MAX_FETCH_FILES = 1000
 FETCH_TIMEOUT_S = 30.0  # reading back files the program wrote (a tmpfs: fast unless they are huge)
 
 
@@ -62,7 +65,9 @@ class RunCodeRequest(BaseModel):
     memory_limit_MB: int = Field(-1, description="-1 = the node's default; more than the node's maximum gets it.")
     stdin: str | None = None
     files: dict[str, str | None] = Field(default_factory=dict, description="Path -> base64 content, written first.")
-    fetch_files: list[str] = Field(default_factory=list, description="Paths returned (base64) after the run.")
+    fetch_files: list[str] = Field(
+        default_factory=list, max_length=MAX_FETCH_FILES, description="Paths returned (base64) after the run."
+    )
 
 
 def fusion_error(exc: SandboxdError) -> Response:
@@ -146,15 +151,27 @@ def sql_result(res: StepResult) -> dict[str, Any]:
 
 
 def _fetch_program(paths: list[str], marker: str) -> str:
-    """A cell that returns files of the program's working directory; run after the program, in its sandbox.
+    """A cell that ends the program as a one-shot would end, then returns files of its working directory.
 
-    The program ran first in the same interpreter and may have replaced anything, so this
-    imports what it needs under its own names and writes to the original stdout; whatever
-    a program does to it can only spoil its own files, which is its own result.
+    A one-shot program's end joins its non-daemon threads and runs its atexit handlers
+    before the interpreter exits; a session cell does neither, so this cell does it first
+    (their output is the program's, and is added to its result). The program ran in the
+    same interpreter and may have replaced anything, so the fetch imports what it needs
+    under its own names and writes to the original stdout; whatever a program does to it
+    can only spoil its own files, which is its own result.
     """
     return (
         "def __sandboxd_fetch(paths, marker):\n"
-        "    import base64 as _b, json as _j, os as _o, sys as _s\n"
+        "    import atexit as _a, base64 as _b, json as _j, os as _o, sys as _s, threading as _t\n"
+        "    try:\n"
+        "        _t._shutdown()\n"
+        "        _a._run_exitfuncs()\n"
+        "    finally:\n"
+        "        for stream in (_s.stdout, _s.stderr):\n"
+        "            try:\n"
+        "                stream.flush()\n"
+        "            except Exception:\n"
+        "                pass\n"
         "    got, errors = {}, {}\n"
         "    for p in paths:\n"
         "        try:\n"
@@ -162,7 +179,7 @@ def _fetch_program(paths: list[str], marker: str) -> str:
         "                got[p] = _b.b64encode(f.read()).decode()\n"
         "        except OSError as e:\n"
         "            errors[p] = e.strerror or type(e).__name__\n"
-        "    _s.__stdout__.write(marker + _j.dumps({'files': got, 'errors': errors}) + '\\n')\n"
+        "    _s.__stdout__.write('\\n' + marker + _j.dumps({'files': got, 'errors': errors}) + '\\n')\n"
         "    _s.__stdout__.flush()\n"
         f"__sandboxd_fetch({paths!r}, {marker!r})\n"
     )
@@ -227,6 +244,8 @@ class FusionRunner:
         cfg = settings.runner_config("python")
         assert isinstance(cfg, PythonRunnerConfig)
         memory_mb = cfg.memory_mb
+        if 0 < req.memory_limit_MB < MIN_MEMORY_MB:
+            raise BadRequest(f"memory_limit_MB: {req.memory_limit_MB} is below the smallest sandbox ({MIN_MEMORY_MB})")
         if req.memory_limit_MB > 0:
             memory_mb = min(req.memory_limit_MB, memory_mb)
         action: dict[str, Any] = {
@@ -252,8 +271,10 @@ class FusionRunner:
         for one more cell. The session is closed whatever happens.
         """
         paths = _fetch_paths(req.fetch_files)
+        # Long enough for the run and the fetch even if a step's own activity did not keep it alive.
+        idle_s = min(req.run_timeout + FETCH_TIMEOUT_S + 60.0, self.gateway.settings.session_idle_s)
         info = await self._until_admitted(
-            lambda: self.gateway.create_session(SessionCreate(runner="python", idle_timeout_s=60.0), tenant), deadline
+            lambda: self.gateway.create_session(SessionCreate(runner="python", idle_timeout_s=idle_s), tenant), deadline
         )
         sid = info.session_id
         try:
@@ -271,14 +292,21 @@ class FusionRunner:
                     runner="python",
                     action={"code": _fetch_program(paths, marker)},
                     session_id=sid,
-                    timeout_s=min(self.gateway.settings.max_timeout_s, FETCH_TIMEOUT_S),
+                    timeout_s=min(self.gateway.settings.max_timeout_s, req.run_timeout + FETCH_TIMEOUT_S),
                 )
-                got = await self.gateway.step(fetch, tenant)
-                files, note = _parse_fetch(got, marker)
+                got = _parse_fetch(await self.gateway.step(fetch, tenant), marker, self._output_cap())
+                files, note = got.files, got.note
+                result["stdout"] += got.stdout
+                result["stderr"] += got.stderr  # an exit handler that raised is printed, exit status kept: as python
             return self._response(result, files, note, res)
         finally:
             with contextlib.suppress(SandboxdError):  # already gone with its program
                 await self.gateway.close_session(sid, tenant, why="run_code finished")
+
+    def _output_cap(self) -> int:
+        cfg = self.gateway.settings.runner_config("python")
+        assert isinstance(cfg, PythonRunnerConfig)
+        return cfg.max_output_bytes
 
     def _response(self, result: dict[str, Any], files: dict[str, str], note: str, res: StepResult) -> dict[str, Any]:
         status = run_status([result])
@@ -294,23 +322,37 @@ class FusionRunner:
         }
 
 
-def _parse_fetch(res: StepResult, marker: str) -> tuple[dict[str, str], str]:
+@dataclass
+class Fetched:
+    files: dict[str, str]
+    note: str
+    stdout: str = ""  # what the program's threads and atexit handlers printed after its main code
+    stderr: str = ""
+
+
+def _parse_fetch(res: StepResult, marker: str, cap: int) -> Fetched:
     obs = res.observation or {}
     out = obs.get("stdout", "")
-    line = next((ln for ln in out.splitlines() if ln.startswith(marker)), None)
     if res.error is not None and res.error.blame != "program":
-        return {}, f"fetch_files failed: {res.error.message}"
-    if line is None:
-        why = "the files were larger than the output cap" if obs.get("stdout_truncated") else "the program's state"
-        return {}, f"fetch_files: no files returned ({why} kept the fetch from finishing)"
+        return Fetched({}, f"fetch_files failed: {res.error.message}")
+    head, found, tail = out.partition("\n" + marker)
+    late_err = obs.get("stderr", "")
     try:
-        doc = orjson.loads(line[len(marker) :])
-        files = {str(k): str(v) for k, v in doc["files"].items()}
-        errors = {str(k): str(v) for k, v in doc["errors"].items()}
+        doc = orjson.loads(tail.split("\n", 1)[0]) if found else None
+        files = {str(k): str(v) for k, v in doc["files"].items()} if doc else None
+        errors = {str(k): str(v) for k, v in doc["errors"].items()} if doc else {}
     except (orjson.JSONDecodeError, KeyError, AttributeError, TypeError):
-        return {}, "fetch_files: the program's state spoiled the fetch"
+        files = None
+    if files is None:
+        if obs.get("stdout_truncated"):
+            why = f"fetch_files: the files are larger than this node returns ({cap * 3 // 4} bytes in all)"
+        elif found:
+            why = "fetch_files: the program's state spoiled the fetch"
+        else:
+            why = "fetch_files: no files returned (the program's threads, exit handlers or state kept the fetch back)"
+        return Fetched({}, why, head, late_err)
     note = "; ".join(f"{p}: {e}" for p, e in errors.items())
-    return files, f"fetch_files: {note}" if note else ""
+    return Fetched(files, f"fetch_files: {note}" if note else "", head, late_err)
 
 
 def router(gateway: Gateway, auth: Auth) -> APIRouter:

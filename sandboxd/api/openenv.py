@@ -35,18 +35,22 @@ from starlette.responses import Response
 from sandboxd.api.auth import Auth
 from sandboxd.api.models import SessionCreate, StepRequest, StepResult
 from sandboxd.api.surface import json_response, surface_router
-from sandboxd.errors import BadRequest, SandboxdError, Saturated, SessionLost, UnknownSession
+from sandboxd.errors import BadRequest, SandboxdError, Saturated, SessionLost, UnknownSession, from_dict
 from sandboxd.gateway import Gateway
 
 MAX_FRAME_BYTES = 16 << 20  # an action of any kind fits well under this; larger frames close the connection
 
 
 class EnvError(Exception):
-    """An error frame: OpenEnv's code and a message."""
+    """An error frame: OpenEnv's code and a message; ``cause`` is the sandboxd error behind it, if any."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, cause: SandboxdError | None = None) -> None:
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message, self.cause = code, message, cause
+
+    def as_http(self) -> SandboxdError:
+        """The HTTP routes' error: the sandboxd error's own status (429, 410, 5xx), or a 422 for the client's."""
+        return self.cause if self.cause is not None else BadRequest(self.message)
 
 
 def _env_code(exc: SandboxdError) -> str:
@@ -115,7 +119,7 @@ class Environment:
         try:
             info = await self.gateway.create_session(SessionCreate(runner=self.kind), self.tenant)
         except SandboxdError as exc:
-            raise EnvError(_env_code(exc), exc.message) from None
+            raise EnvError(_env_code(exc), exc.message, exc) from None
         self.session_id = info.session_id
         self.episode_id = str(data.get("episode_id") or uuid.uuid4())
         self.step_count = 0
@@ -138,10 +142,8 @@ class Environment:
             raise EnvError("VALIDATION_ERROR", str(exc)) from None
         res = await self.gateway.step(req, self.tenant)
         if res.error is not None and res.error.blame != "program":
-            code = "VALIDATION_ERROR" if res.error.blame == "client" else "EXECUTION_ERROR"
-            if res.error.code in ("session_lost", "unknown_session"):
-                code = "SESSION_ERROR"
-            raise EnvError(code, f"{res.error.code}: {res.error.message}")
+            cause = from_dict(res.error.model_dump() | {"worker": res.worker})
+            raise EnvError(_env_code(cause), f"{cause.code}: {cause.message}", cause)
         self.step_count += count
         obs, reward, done = self.shape.result(action if isinstance(action, dict) else {}, res)
         return {"observation": obs, "reward": reward, "done": done}
@@ -190,7 +192,12 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             return
         try:
             while True:
-                raw = await websocket.receive_text()
+                frame = await websocket.receive()
+                if frame["type"] == "websocket.disconnect":
+                    return
+                raw = frame.get("text")
+                if raw is None:  # a binary frame: JSON in UTF-8 is accepted, anything else is not JSON
+                    raw = (frame.get("bytes") or b"").decode("utf-8", errors="replace")
                 if len(raw) > MAX_FRAME_BYTES:
                     await websocket.send_text(_error("INVALID_JSON", f"frame over {MAX_FRAME_BYTES} bytes"))
                     await websocket.close(1009)
@@ -230,7 +237,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         try:
             return json_response(await env.reset(body or {}))
         except EnvError as exc:
-            raise BadRequest(exc.message) from None
+            raise exc.as_http() from None
         finally:
             await env.close()
 
@@ -245,7 +252,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             await env.reset({})
             return json_response(await env.step(action))
         except EnvError as exc:
-            raise BadRequest(exc.message) from None
+            raise exc.as_http() from None
         finally:
             await env.close()
 

@@ -416,6 +416,9 @@ class Jail:
                 await asyncio.wait_for(self.proc.wait(), 5)
 
 
+CHANNEL_CLOSED_GRACE_S = 1.0  # a session channel at EOF: how long its executor's exit report may lag
+
+
 async def run_step(
     ex: Executor,
     header: dict[str, Any],
@@ -479,9 +482,14 @@ async def run_step(
                         ex.kill()
                 break
             if ex.exit in finished or (session and waiter in finished):
-                if session and not ex.exit.done() and isinstance(waiter.exception(), ChannelGarbage):
-                    killed_by = killed_by or "protocol"  # garbage on the channel, from the program's own process
-                    ex.kill()
+                if session and not ex.exit.done():
+                    if not isinstance(waiter.exception(), ChannelGarbage):
+                        # The channel closed: its executor dying (its exit report follows at once), or the
+                        # program closing the descriptor itself (it runs in that process; nothing else holds it).
+                        await asyncio.wait({ex.exit}, timeout=CHANNEL_CLOSED_GRACE_S)
+                    if not ex.exit.done():
+                        killed_by = killed_by or "protocol"  # garbage on, or a close of, its own channel
+                        ex.kill()
                 break  # the executor died (killed at a limit, or its kernel crashed)
             timed_out = True
             if session and not interrupted:
