@@ -119,7 +119,8 @@ class NodeSettings(BaseSettings):
     )
     api_keys: list[str] = Field(
         default_factory=list,
-        description="Bearer keys clients must send (Authorization: Bearer <key>); each key is a tenant. "
+        description="Keys clients must send (Authorization: Bearer <key>, or Basic with the key as password for "
+        "clients that only take a URL: http://key:<key>@node/...); each key is a tenant. "
         "Empty = no authentication (only allowed on a loopback address unless allow_insecure).",
     )
     api_keys_file: str = Field(

@@ -135,3 +135,22 @@ def test_stateless_http_routes(node: str) -> None:
         assert full.status_code == 429 and full.json()["code"] == "CAPACITY_REACHED", full.text
     missing = httpx.get(f"{node}/envs/sql/health")
     assert missing.status_code == 422 and "not enabled on this node" in missing.json()["detail"]
+
+
+def test_a_keyed_node_takes_the_key_from_the_url_the_official_client_is_given() -> None:
+    """openenv-core's client takes no headers; the key in the URL's user info travels as a Basic header."""
+    key = "openenv-test-key-0123456789"
+    with running_node(runners='["textgame"]', workers=1, api_keys=f'["{key}"]') as base:
+        env_cls = client_class()
+        keyed = base.replace("http://", f"http://key:{key}@") + "/envs/textgame"
+
+        async def episode(url: str) -> Any:
+            async with env_cls(base_url=url) as env:
+                return await env.reset(seed=3)
+
+        assert asyncio.run(episode(keyed)).observation["text"]
+        with pytest.raises(Exception, match=r"needs an API key|1008|received 1008|ConnectionClosed"):
+            asyncio.run(episode(base + "/envs/textgame"))
+        wrong = base.replace("http://", "http://key:not-the-key-0123456789@") + "/envs/textgame"
+        with pytest.raises(Exception, match=r"unknown API key|1008|ConnectionClosed"):
+            asyncio.run(episode(wrong))

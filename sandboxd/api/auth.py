@@ -9,6 +9,8 @@ tenant ``anonymous``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 
 from starlette.requests import HTTPConnection
@@ -23,6 +25,27 @@ def tenant_of_key(key: str) -> str:
     return "t_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def _key(header: str) -> str:
+    """The key of ``Bearer <key>``, or the password of ``Basic base64(any:<key>)``.
+
+    Basic is for clients that cannot set headers but take a URL: OpenEnv's official
+    client builds its WebSocket from the base URL, and a URL's user info
+    (``http://key:<key>@node:8080/envs/textgame``) becomes a Basic header, so the key
+    travels as a header and never in a path or a query string that logs would keep.
+    """
+    scheme, _, value = header.partition(" ")
+    value = value.strip()
+    if scheme.lower() == "bearer":
+        return value
+    if scheme.lower() == "basic" and value:
+        try:
+            decoded = base64.b64decode(value, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return ""
+        return decoded.partition(":")[2]
+    return ""
+
+
 class Auth:
     def __init__(self, settings: NodeSettings) -> None:
         self.tenants = {hashlib.sha256(k.encode()).digest(): tenant_of_key(k) for k in settings.all_api_keys()}
@@ -35,10 +58,10 @@ class Auth:
         """The tenant of this request or WebSocket (a FastAPI dependency); ``Unauthorized`` (401) otherwise."""
         if not self.tenants:
             return ANONYMOUS
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = _key(request.headers.get("authorization", ""))
+        if not token:
             raise Unauthorized("this node needs an API key: send 'Authorization: Bearer <key>'")
-        tenant = self.tenants.get(hashlib.sha256(token.strip().encode()).digest())
+        tenant = self.tenants.get(hashlib.sha256(token.encode()).digest())
         if tenant is None:
             raise Unauthorized("unknown API key")
         return tenant
