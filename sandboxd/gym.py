@@ -21,8 +21,6 @@ rather than becoming a zero reward.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import string
 from typing import Any
@@ -30,6 +28,8 @@ from typing import Any
 import gymnasium
 import httpx
 from gymnasium import spaces
+
+from sandboxd.runners.sql.models import as_csv
 
 CHARSET = frozenset(string.printable)  # what observations and actions are made of (other characters become "?")
 MAX_TEXT = 65_536
@@ -72,11 +72,7 @@ def _observe(runner: str, result: dict[str, Any]) -> tuple[str, float, bool]:
     if runner == "sql":
         if obs.get("error"):
             return _text(f"error: {obs['error']}"), 0.0, False
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(obs.get("columns", []))
-        w.writerows(obs.get("rows", []))
-        return _text(buf.getvalue()), 0.0, False
+        return _text(as_csv(obs.get("columns", []), obs.get("rows", []))), 0.0, False
     return _text(json.dumps(obs, sort_keys=True)), 0.0, False
 
 

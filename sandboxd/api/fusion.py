@@ -25,8 +25,6 @@ What callers of this contract rely on, and how it is kept here:
 
 import asyncio
 import contextlib
-import csv
-import io
 import posixpath
 import random
 import secrets
@@ -42,9 +40,10 @@ from starlette.responses import Response
 from sandboxd.api.auth import Auth
 from sandboxd.api.models import Limits, SessionCreate, StepRequest, StepResult
 from sandboxd.api.surface import json_response, surface_router
-from sandboxd.errors import BadRequest, DeadlineExceeded, SandboxdError, Saturated, ShuttingDown, from_dict
+from sandboxd.errors import BadRequest, DeadlineExceeded, SandboxdError, Saturated, ShuttingDown
 from sandboxd.gateway import Gateway
 from sandboxd.runners.python.config import PythonRunnerConfig
+from sandboxd.runners.sql.models import as_csv
 
 LANGUAGES = ("python", "sql")  # the ones this node can run; SandboxFusion's others get a clear 422
 FETCH_MARKER = "\x00sandboxd-fetch:"
@@ -133,11 +132,7 @@ def sql_result(res: StepResult) -> dict[str, Any]:
     elif obs.get("error"):
         status, code, out, err = "Finished", 1, "", obs["error"]
     else:
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(obs.get("columns", []))
-        writer.writerows(obs.get("rows", []))
-        status, code, out, err = "Finished", 0, buf.getvalue(), ""
+        status, code, out, err = "Finished", 0, as_csv(obs.get("columns", []), obs.get("rows", [])), ""
         if obs.get("truncated"):
             err = f"sandboxd: result truncated to {len(obs.get('rows', []))} rows\n"
     return {
@@ -209,20 +204,23 @@ class FusionRunner:
             except Saturated:
                 if time.monotonic() >= deadline:
                     raise
-                await asyncio.sleep(min(random.uniform(0.05, 0.2), max(deadline - time.monotonic(), 0)))
-                continue
-            if isinstance(res, StepResult) and res.error is not None and res.error.code == "saturated":
+            else:
+                refused = isinstance(res, StepResult) and res.error is not None and res.error.code == "saturated"
+                if not refused:
+                    return res
                 if time.monotonic() >= deadline:
                     raise Saturated(res.error.message)
-                await asyncio.sleep(min(random.uniform(0.05, 0.2), max(deadline - time.monotonic(), 0)))
-                continue
-            return res
+            await asyncio.sleep(min(random.uniform(0.05, 0.2), max(deadline - time.monotonic(), 0)))
 
     def _check(self, res: StepResult) -> None:
         """A step that failed before or around its program: the client's error, or an infrastructure failure."""
-        if res.error is None or res.error.blame == "program":
-            return
-        raise from_dict(res.error.model_dump() | {"worker": res.worker})
+        if (exc := res.not_the_programs()) is not None:
+            raise exc
+
+    def _python(self) -> PythonRunnerConfig:
+        cfg = self.gateway.settings.runner_config("python")
+        assert isinstance(cfg, PythonRunnerConfig)
+        return cfg
 
     async def run(self, req: RunCodeRequest, tenant: str) -> dict[str, Any]:
         settings = self.gateway.settings
@@ -241,9 +239,7 @@ class FusionRunner:
             self._check(res)
             result = sql_result(res)
             return self._response(result, {}, "", res)
-        cfg = settings.runner_config("python")
-        assert isinstance(cfg, PythonRunnerConfig)
-        memory_mb = cfg.memory_mb
+        memory_mb = self._python().memory_mb
         if 0 < req.memory_limit_MB < MIN_MEMORY_MB:
             raise BadRequest(f"memory_limit_MB: {req.memory_limit_MB} is below the smallest sandbox ({MIN_MEMORY_MB})")
         if req.memory_limit_MB > 0:
@@ -271,10 +267,8 @@ class FusionRunner:
         for one more cell. The session is closed whatever happens.
         """
         paths = _fetch_paths(req.fetch_files)
-        # Long enough for the run and the fetch even if a step's own activity did not keep it alive.
-        idle_s = min(req.run_timeout + FETCH_TIMEOUT_S + 60.0, self.gateway.settings.session_idle_s)
         info = await self._until_admitted(
-            lambda: self.gateway.create_session(SessionCreate(runner="python", idle_timeout_s=idle_s), tenant), deadline
+            lambda: self.gateway.create_session(SessionCreate(runner="python"), tenant), deadline
         )
         sid = info.session_id
         try:
@@ -294,7 +288,7 @@ class FusionRunner:
                     session_id=sid,
                     timeout_s=min(self.gateway.settings.max_timeout_s, req.run_timeout + FETCH_TIMEOUT_S),
                 )
-                got = _parse_fetch(await self.gateway.step(fetch, tenant), marker, self._output_cap())
+                got = _parse_fetch(await self.gateway.step(fetch, tenant), marker, self._python().max_output_bytes)
                 files, note = got.files, got.note
                 result["stdout"] += got.stdout
                 result["stderr"] += got.stderr  # an exit handler that raised is printed, exit status kept: as python
@@ -302,11 +296,6 @@ class FusionRunner:
         finally:
             with contextlib.suppress(SandboxdError):  # already gone with its program
                 await self.gateway.close_session(sid, tenant, why="run_code finished")
-
-    def _output_cap(self) -> int:
-        cfg = self.gateway.settings.runner_config("python")
-        assert isinstance(cfg, PythonRunnerConfig)
-        return cfg.max_output_bytes
 
     def _response(self, result: dict[str, Any], files: dict[str, str], note: str, res: StepResult) -> dict[str, Any]:
         status = run_status([result])

@@ -32,7 +32,7 @@ from starlette.routing import BaseRoute
 
 from sandboxd.api.auth import Auth
 from sandboxd.api.models import SessionCreate, StepRequest, StepResult
-from sandboxd.errors import SandboxdError, from_dict
+from sandboxd.errors import SandboxdError
 from sandboxd.gateway import Gateway
 
 INSTRUCTIONS = (
@@ -58,8 +58,7 @@ def _tenant(auth: Auth, ctx: Any) -> str:
 
 
 def _result(res: StepResult) -> dict[str, Any]:
-    if res.error is not None and res.error.blame != "program":
-        exc = from_dict(res.error.model_dump())
+    if (exc := res.not_the_programs()) is not None:
         retry = f" (retry after {exc.retry_after_s:g} s)" if exc.retry_after_s else ""
         raise ToolFailed(f"{exc.code}: {exc.message}{retry}")
     return {

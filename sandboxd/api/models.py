@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandboxd.errors import SandboxdError, from_dict
+
 Blame = Literal["program", "client", "infra"]
 
 
@@ -78,6 +80,16 @@ class StepResult(BaseModel):
     worker: int | None = None
     runner: str | None = None
     session_id: str | None = None
+
+    def not_the_programs(self) -> SandboxdError | None:
+        """The failure, rebuilt as its error class, when it is not the program's (the client's or ours).
+
+        Surfaces with their own error shapes (SandboxFusion, OpenEnv, MCP) raise or render it; a
+        program's own failure stays a result.
+        """
+        if self.error is None or self.error.blame == "program":
+            return None
+        return from_dict(self.error.model_dump() | {"worker": self.worker})
 
 
 class BatchResult(BaseModel):

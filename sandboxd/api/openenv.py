@@ -35,7 +35,7 @@ from starlette.responses import Response
 from sandboxd.api.auth import Auth
 from sandboxd.api.models import SessionCreate, StepRequest, StepResult
 from sandboxd.api.surface import json_response, surface_router
-from sandboxd.errors import BadRequest, SandboxdError, Saturated, SessionLost, UnknownSession, from_dict
+from sandboxd.errors import BadRequest, SandboxdError, Saturated, SessionLost, UnknownSession
 from sandboxd.gateway import Gateway
 
 MAX_FRAME_BYTES = 16 << 20  # an action of any kind fits well under this; larger frames close the connection
@@ -141,8 +141,7 @@ class Environment:
         except ValueError as exc:
             raise EnvError("VALIDATION_ERROR", str(exc)) from None
         res = await self.gateway.step(req, self.tenant)
-        if res.error is not None and res.error.blame != "program":
-            cause = from_dict(res.error.model_dump() | {"worker": res.worker})
+        if (cause := res.not_the_programs()) is not None:
             raise EnvError(_env_code(cause), f"{cause.code}: {cause.message}", cause)
         self.step_count += count
         obs, reward, done = self.shape.result(action if isinstance(action, dict) else {}, res)
