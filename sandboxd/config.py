@@ -139,6 +139,40 @@ class NodeSettings(BaseSettings):
         1024, ge=1, description="Steps one tenant may have running or queued on this node; more is a 429."
     )
     log_level: str = Field("info", description="Log level of the gateway and workers.")
+    redis_url: str = Field(
+        "",
+        description="Redis (>= 7) shared by the nodes of one service: session directory, idempotency records, "
+        "node registry. Empty = this node alone, everything in memory (the embedded default). "
+        "E.g. redis://redis:6379/0; rediss:// for TLS.",
+    )
+    redis_prefix: str = Field(
+        "sandboxd", pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="Prefix of every Redis key (one per service)."
+    )
+    redis_timeout_s: float = Field(
+        1.0,
+        gt=0,
+        le=30,
+        description="Longest a Redis command may take; past it the operation that needed it fails with 503 "
+        "store_unavailable instead of hanging (one-shot steps never need Redis).",
+    )
+    node_url: str = Field(
+        "",
+        description="How the other nodes reach this one (http://host:port), for steps they forward to the "
+        "sessions it owns. Needed with redis_url unless host is a specific address (then http://host:port). "
+        "Kubernetes: the pod's address behind the headless Service.",
+    )
+    heartbeat_interval_s: float = Field(
+        1.0, gt=0, description="How often a node renews its entry in the node registry and reads the others'."
+    )
+    heartbeat_ttl_s: float = Field(
+        4.0,
+        gt=0,
+        description="A node whose entry was not renewed this long is gone: its sessions answer 410 session_lost "
+        "on every node (after at most heartbeat_ttl_s + heartbeat_interval_s).",
+    )
+    forward_connect_timeout_s: float = Field(
+        1.0, gt=0, description="Longest a node waits to connect to a session's owner before it says so (502)."
+    )
 
     @field_validator("node_id")
     @classmethod
@@ -163,6 +197,12 @@ class NodeSettings(BaseSettings):
             raise ValueError(f"unknown runner kinds {unknown}; registered: {sorted(self.kinds)}")
         if len(set(self.runners)) != len(self.runners):
             raise ValueError(f"runners lists a kind twice: {self.runners}")
+        if self.heartbeat_ttl_s < 2 * self.heartbeat_interval_s:
+            raise ValueError("heartbeat_ttl_s must be at least twice heartbeat_interval_s (one late beat is no death)")
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis_url must start with redis://, rediss:// or unix:// (got {self.redis_url!r})")
+        if self.node_url and not re.match(r"^https?://[^/\s]+/?$", self.node_url):
+            raise ValueError(f"node_url must be http(s)://host:port with no path (got {self.node_url!r})")
         return self
 
     def all_api_keys(self) -> list[str]:
@@ -184,6 +224,18 @@ class NodeSettings(BaseSettings):
         cfg = getattr(self, kind)
         assert isinstance(cfg, RunnerConfig)
         return cfg
+
+    def advertised_url(self) -> str:
+        """The URL other nodes forward to: ``node_url``, or ``http://host:port`` when host is one address."""
+        if self.node_url:
+            return self.node_url.rstrip("/")
+        if self.host in ("0.0.0.0", "::", "") or self.port == 0:
+            raise ValueError(
+                "with redis_url set, this node must say how others reach it: set SANDBOXD_NODE_URL "
+                f"(host {self.host!r} port {self.port} is not an address another node can dial)"
+            )
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     def worker_count(self) -> int:
         return self.workers or (

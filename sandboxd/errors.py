@@ -15,8 +15,10 @@
         ├── DeadlineExceeded     504     the step waited in the queue past its deadline
         ├── SandboxSetupError    503     a jail or its cgroup could not be made
         ├── WorkerDied           502     the worker running the step died mid-step
-        ├── SessionLost          410     the session's sandbox is gone (worker died, killed)
-        └── ShuttingDown         503     the node is draining
+        ├── SessionLost          410     the session's sandbox is gone (worker or node died, killed)
+        ├── ShuttingDown         503     the node is draining
+        ├── StoreUnavailable     503     the shared store (Redis) did not answer; one-shots still run
+        └── NodeUnreachable      502     the node that owns the session did not answer (retry)
 
 Trainers must mask infrastructure failures instead of scoring them as a zero
 reward, so every result names its ``blame`` and a stable ``code``. A program that
@@ -172,3 +174,20 @@ class SessionLost(InfraError):
 class ShuttingDown(InfraError):
     status = 503
     code = "shutting_down"
+
+
+class StoreUnavailable(InfraError):
+    """The shared store (Redis) did not answer in time: the operation that needed it is refused, never hung."""
+
+    status = 503
+    code = "store_unavailable"
+    default_retry_after_s = 1.0
+
+
+class NodeUnreachable(InfraError):
+    """The session's owner is registered as alive but did not take the forwarded request (restarting, or cut
+    off): retry; once its heartbeat runs out its sessions answer 410."""
+
+    status = 502
+    code = "node_unreachable"
+    default_retry_after_s = 1.0

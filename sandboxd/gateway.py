@@ -17,11 +17,14 @@ import shutil
 import time
 from collections import Counter
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from pydantic import BaseModel
 
 from sandboxd.api.models import ErrorInfo, SessionCreate, SessionInfo, StepRequest, StepResult
+from sandboxd.cluster.forward import CALLER
+from sandboxd.cluster.service import Cluster, raise_for
 from sandboxd.config import NodeSettings, make_runtime_dir
 from sandboxd.errors import (
     BadRequest,
@@ -66,8 +69,15 @@ class Gateway:
         self.node_id = settings.node_id
         registry = kinds()
         self.kinds: dict[str, RunnerKind] = {k: registry[k] for k in settings.runners}
-        self.sessions = sessions or MemorySessionStore()
-        self.idem = idempotency or MemoryIdempotencyStore(settings.idempotency_ttl_s, settings.idempotency_max_entries)
+        # With Redis, the stores are shared by the service's nodes and requests for sessions owned by
+        # another node are forwarded to it; without, the node is the whole service (the embedded default).
+        self.cluster = Cluster(settings) if settings.redis_url else None
+        self.sessions: SessionStore = sessions or (self.cluster.sessions if self.cluster else MemorySessionStore())
+        self.idem: IdempotencyStore = idempotency or (
+            self.cluster.idempotency
+            if self.cluster
+            else MemoryIdempotencyStore(settings.idempotency_ttl_s, settings.idempotency_max_entries)
+        )
         self.supervisor = Supervisor(settings, self._worker_lost)
         self.supervisor.on_ready = self._worker_ready
         self.scheduler: Scheduler | None = None
@@ -95,6 +105,8 @@ class Gateway:
         for w in self.supervisor.workers:
             with contextlib.suppress(Exception):
                 w.health = await w.call("ping")
+        if self.cluster is not None:
+            await self.cluster.start()
         self._reaper = asyncio.create_task(self._reap_loop())
         self.started = True
         log.info(
@@ -127,6 +139,8 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         n_sessions = await self.sessions.count()
+        if self.cluster is not None:  # leave first: the others answer 410 for our sessions from now on
+            await self.cluster.stop()
         await self.supervisor.stop()
         if self._own_runtime_dir:
             shutil.rmtree(self.settings.runtime_dir, ignore_errors=True)
@@ -171,6 +185,13 @@ class Gateway:
             "sessions": await self.sessions.count(),
             "draining": self.draining,
         }
+        if self.cluster is not None:  # a node without Redis still serves one-shots: ready, but say so
+            body["cluster"] = {
+                "store": "ok" if self.cluster.registry.healthy else "unavailable",
+                "incarnation": self.cluster.incarnation,
+                "url": self.cluster.me.url,
+                "peers": sorted(self.cluster.registry.peers),
+            }
         return ok, body
 
     def kind(self, name: str) -> RunnerKind:
@@ -227,6 +248,8 @@ class Gateway:
                     f"(tenant_max_inflight {self.settings.tenant_max_inflight})",
                     retry_after_s=1.0,
                 )
+            if req.session_id is not None and self._remote(req.session_id):
+                return await self._forward_step(req, tenant, start)
             action, limits = self.admit(req)
             if req.idempotency_key:
                 fp = fingerprint(req.model_dump(exclude={"idempotency_key"}))
@@ -235,6 +258,7 @@ class Gateway:
                     fp,
                     lambda: self._execute(req, tenant, action, limits, start, queue_deadline),
                     keep=lambda r: r.error is None or r.error.blame != "infra",
+                    model=StepResult,
                 )
                 return result
             return await self._execute(req, tenant, action, limits, start, queue_deadline)
@@ -245,6 +269,35 @@ class Gateway:
             self._tenant_inflight[tenant] -= 1
             if not self._tenant_inflight[tenant]:
                 del self._tenant_inflight[tenant]
+
+    def _remote(self, session_id: str) -> bool:
+        """Owned by another node, and not already forwarded here by one (a forward is never forwarded)."""
+        return self.cluster is not None and not self.cluster.owns(session_id) and CALLER.get().forwarded_by is None
+
+    async def _forward(self, session_id: str, tenant: str, op: str, method: str, path: str, body: Any = None) -> Any:
+        assert self.cluster is not None
+        try:
+            status, data = await self.cluster.forward(session_id, tenant, method, path, body)
+        except SandboxdError as exc:
+            self.metrics.forwarded.labels(op, exc.code).inc()
+            raise
+        self.metrics.forwarded.labels(op, "answered").inc()
+        if op != "step":
+            raise_for(status, data)
+        return data if op != "step" else (status, data)
+
+    async def _forward_step(self, req: StepRequest, tenant: str, start: float) -> StepResult:
+        """The owner's answer as it gave it (its idempotency, its blame); only the hop's own failures are ours."""
+        assert req.session_id is not None
+        status, data = await self._forward(
+            req.session_id, tenant, "step", "POST", "/rollout/step", req.model_dump(mode="json", exclude_none=True)
+        )
+        if isinstance(data, dict) and "latency_ms" in data:
+            result = StepResult.model_validate(data)
+            result.status = status
+            return result
+        raise_for(status if status >= 400 else 502, data)
+        raise AssertionError("unreachable")
 
     async def _execute(
         self,
@@ -356,6 +409,7 @@ class Gateway:
     # ------------------------------------------------------------------ sessions
 
     async def create_session(self, req: SessionCreate, tenant: str) -> SessionInfo:
+        """A new session on this node (the node that takes the request owns what it creates)."""
         self.kind(req.runner).parse_options(req.options)
         as_json(req.options, "options")
         if req.idempotency_key:
@@ -365,6 +419,7 @@ class Gateway:
                 fp,
                 lambda: self._create_session(req, tenant),
                 keep=lambda _: True,
+                model=SessionInfo,
             )
             return info
         return await self._create_session(req, tenant)
@@ -395,7 +450,12 @@ class Gateway:
         try:
             await worker.call("open", runner=req.runner, session_id=sid, options=req.options)
             rec = SessionRecord(sid, req.runner, tenant, self.node_id, worker.index, worker.generation, ttl, idle)
-            await self.sessions.put(rec)
+            try:
+                await self.sessions.put(rec)
+            except SandboxdError:  # not recorded (the shared store did not answer): nobody could reach it
+                with contextlib.suppress(SandboxdError):
+                    await worker.call("close", runner=req.runner, session_id=sid)
+                raise
         finally:
             opening[where] -= 1
             self._opening_by_tenant[tenant] -= 1
@@ -405,10 +465,16 @@ class Gateway:
         return SessionInfo.model_validate(rec.describe())
 
     async def session_info(self, session_id: str, tenant: str) -> SessionInfo:
+        if self._remote(session_id):
+            path = f"/sessions/{quote(session_id, safe='')}"
+            return SessionInfo.model_validate(await self._forward(session_id, tenant, "info", "GET", path))
         return SessionInfo.model_validate((await self.sessions.get(session_id, tenant)).describe())
 
     async def close_session(self, session_id: str, tenant: str, why: str = "closed by the client") -> None:
         """Close a session; a lost one is forgotten too. Unknown ids (and other tenants' sessions) are a 404."""
+        if self._remote(session_id):
+            await self._forward(session_id, tenant, "close", "DELETE", f"/sessions/{quote(session_id, safe='')}")
+            return
         with contextlib.suppress(SessionLost):
             await self.sessions.get(session_id, tenant)
         await self._forget(session_id, why)

@@ -57,6 +57,37 @@ def _die_with(parent: int) -> Callable[[], None]:
     return before_exec
 
 
+class NodeProcess:
+    """A node started as a subprocess; ``stop`` (SIGTERM, then SIGKILL after 30 s) is idempotent."""
+
+    def __init__(self, settings: dict[str, str] | None = None, inherit: bool = False, port: int = 0) -> None:
+        self.port = port or free_port()
+        env = {k: v for k, v in os.environ.items() if inherit or not k.startswith("SANDBOXD_")}
+        env.update({"SANDBOXD_HOST": "127.0.0.1", "SANDBOXD_PORT": str(self.port)})
+        env.setdefault("SANDBOXD_LOG_LEVEL", "warning")
+        env.update(settings or {})
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sandboxd", "serve"], env=env, preexec_fn=_die_with(os.getpid())
+        )
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        if not wait_ready(self.url, timeout_s=timeout_s, proc=self.proc):
+            self.stop()
+            raise NodeDidNotStart(
+                f"sandboxd did not become ready at {self.url} (exit {self.proc.poll()}); see its log above"
+            )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc.wait()
+
+
 @contextlib.contextmanager
 def local_node(
     settings: dict[str, str] | None = None, inherit: bool = False, timeout_s: float = 180.0
@@ -67,21 +98,9 @@ def local_node(
     caller's own SANDBOXD_* variables are not passed on (bench and tests want a
     node of known configuration), with it true they are (``sandboxd demo``).
     """
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if inherit or not k.startswith("SANDBOXD_")}
-    env.update({"SANDBOXD_HOST": "127.0.0.1", "SANDBOXD_PORT": str(port)})
-    env.setdefault("SANDBOXD_LOG_LEVEL", "warning")
-    env.update(settings or {})
-    proc = subprocess.Popen([sys.executable, "-m", "sandboxd", "serve"], env=env, preexec_fn=_die_with(os.getpid()))
-    base = f"http://127.0.0.1:{port}"
+    node = NodeProcess(settings, inherit)
     try:
-        if not wait_ready(base, timeout_s=timeout_s, proc=proc):
-            raise NodeDidNotStart(f"sandboxd did not become ready at {base} (exit {proc.poll()}); see its log above")
-        yield base
+        node.wait_ready(timeout_s)
+        yield node.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        node.stop()

@@ -83,6 +83,13 @@ class Metrics:
         self.worker_restarts = Counter(
             "sandboxd_worker_restarts_total", "Workers replaced after dying or hanging", registry=r
         )
+        self.forwarded = Counter(
+            "sandboxd_forwarded_total",
+            "Session requests forwarded to the node that owns the session, by operation and outcome "
+            "('answered', or the error code of the hop: node_unreachable, session_lost, store_unavailable)",
+            ["op", "outcome"],
+            registry=r,
+        )
         r.register(_WorkerCollector(worker_snapshot, replays))
 
     def observe_step(

@@ -15,6 +15,7 @@ import hashlib
 
 from starlette.requests import HTTPConnection
 
+from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.config import NodeSettings
 from sandboxd.errors import Unauthorized
 
@@ -54,8 +55,18 @@ class Auth:
     def enabled(self) -> bool:
         return bool(self.tenants)
 
-    def __call__(self, request: HTTPConnection) -> str:
-        """The tenant of this request or WebSocket (a FastAPI dependency); ``Unauthorized`` (401) otherwise."""
+    async def __call__(self, request: HTTPConnection) -> str:
+        """A FastAPI dependency; async so that ``CALLER`` is set in the request's own context (FastAPI runs a
+        sync dependency in a thread, whose context the route never sees)."""
+        return self.tenant_of(request)
+
+    def tenant_of(self, request: HTTPConnection) -> str:
+        """The tenant of this request or WebSocket; ``Unauthorized`` (401) otherwise.
+
+        Also records the caller's credential in ``CALLER``: a request for a session another node owns is
+        forwarded with it, and that node authenticates the caller itself.
+        """
+        CALLER.set(Caller(request.headers.get("authorization"), request.headers.get(FORWARDED_BY)))
         if not self.tenants:
             return ANONYMOUS
         token = _key(request.headers.get("authorization", ""))

@@ -52,7 +52,7 @@ def _tenant(auth: Auth, ctx: Any) -> str:
     if request is None:
         raise ToolFailed("unauthorized: no HTTP request behind this call")
     try:
-        return auth(request)
+        return auth.tenant_of(request)
     except SandboxdError as exc:
         raise ToolFailed(f"{exc.code}: {exc.message}") from None
 

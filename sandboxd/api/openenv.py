@@ -182,7 +182,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     async def ws(websocket: WebSocket, kind: str) -> None:
         await websocket.accept()
         try:
-            tenant = auth(websocket)
+            tenant = auth.tenant_of(websocket)
             env = Environment(gateway, kind, tenant, shape=shape(kind))
         except SandboxdError as exc:
             await websocket.send_text(_error("SESSION_ERROR" if exc.blame != "client" else "FACTORY_ERROR",

@@ -8,7 +8,8 @@ different request is the client's error (422).
 
 ``IdempotencyStore`` is what the gateway needs; ``MemoryIdempotencyStore`` is
 the embedded default (one process). A store shared by many nodes implements
-the same ``run`` with a claim (SET NX) and a stored result.
+the same ``run`` with a claim (SET NX) and a stored result (``stores/redis.py``);
+``model`` is how it reads a stored result back.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
+from pydantic import BaseModel
 
 from sandboxd.errors import BadRequest
 
@@ -30,9 +32,19 @@ def fingerprint(payload: Any) -> str:
 
 
 class IdempotencyStore(Protocol):
-    hits: int
+    @property
+    def hits(self) -> int:
+        """Requests answered from the store (a metric)."""
+        ...
 
-    async def run(self, key: str, fp: str, fn: Callable[[], Awaitable[Any]], keep: Callable[[Any], bool]) -> Any:
+    async def run(
+        self,
+        key: str,
+        fp: str,
+        fn: Callable[[], Awaitable[Any]],
+        keep: Callable[[Any], bool],
+        model: type[BaseModel],
+    ) -> Any:
         """``fn()`` once per ``key``: a concurrent or later call with the same fingerprint gets its value."""
         ...
 
@@ -59,6 +71,7 @@ class MemoryIdempotencyStore:
         fp: str,
         fn: Callable[[], Awaitable[Any]],
         keep: Callable[[Any], bool],
+        model: type[BaseModel] | None = None,
     ) -> Any:
         self._evict()
         if key in self.done:

@@ -1,0 +1,160 @@
+"""The node registry: which nodes are alive, where to reach them, and since when they run.
+
+Each node renews ``P:node:<id>`` (its URL and *incarnation*, a random id per
+start) every ``heartbeat_interval_s`` with an expiry of ``heartbeat_ttl_s``, and
+reads every other node's entry in the same beat. A node whose entry expired is
+gone, and its sessions with it. The incarnation tells a node restarted under the
+same id (a StatefulSet pod) from the one that issued a session.
+
+A beat that finds its own entry missing (first start, an expiry while cut off,
+or a Redis that restarted empty) re-publishes the node's sessions: the
+directory heals itself without anyone's help once Redis answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+from redis.asyncio import Redis
+
+from sandboxd.errors import StoreUnavailable
+from sandboxd.stores.redis import SharedRedis
+
+log = logging.getLogger("sandboxd.cluster")
+
+
+@dataclass(frozen=True)
+class Peer:
+    node_id: str
+    url: str
+    incarnation: str
+
+
+class NodeRegistry:
+    def __init__(
+        self,
+        redis: SharedRedis,
+        me: Peer,
+        interval_s: float,
+        ttl_s: float,
+        on_rejoin: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.redis = redis
+        self.me = me
+        self.interval_s = interval_s
+        self.ttl_ms = int(ttl_s * 1000)
+        self.ttl_s = ttl_s
+        self.on_rejoin = on_rejoin
+        self.peers: dict[str, Peer] = {}
+        self.seen: dict[str, float] = {}  # node id -> when a beat last found it alive (monotonic)
+        self.fresh_at = 0.0  # when the registry was last read whole
+        self.healthy = False
+        self._task: asyncio.Task[None] | None = None
+
+    def _entry(self) -> bytes:
+        return orjson.dumps({"url": self.me.url, "incarnation": self.me.incarnation, "at": time.time()})
+
+    async def beat(self) -> None:
+        """Renew our entry (re-publishing our sessions if it had gone) and read everyone's."""
+        key, nodes = self.redis.key("node", self.me.node_id), self.redis.key("nodes")
+
+        async def renew(r: Redis) -> bytes | None:
+            async with r.pipeline(transaction=False) as pipe:
+                pipe.set(key, self._entry(), px=self.ttl_ms, get=True)
+                pipe.sadd(nodes, self.me.node_id)
+                before, _ = await pipe.execute()
+            return before  # type: ignore[no-any-return]
+
+        before = await self.redis.call("renew this node's heartbeat", renew)
+        if before is None or orjson.loads(before).get("incarnation") != self.me.incarnation:
+            await self.on_rejoin()
+        await self.read()
+
+    async def read(self) -> None:
+        nodes_key = self.redis.key("nodes")
+
+        async def fetch(r: Redis) -> dict[str, bytes | None]:
+            ids = sorted(m.decode() if isinstance(m, bytes) else str(m) for m in await r.smembers(nodes_key))
+            values = await r.mget([self.redis.key("node", i) for i in ids]) if ids else []
+            return dict(zip(ids, [v if isinstance(v, bytes | None) else v.encode() for v in values], strict=True))
+
+        entries = await self.redis.call("read the node registry", fetch)
+        now = time.monotonic()
+        peers = {}
+        for node_id, raw in entries.items():
+            if raw is None:
+                continue
+            data = orjson.loads(raw)
+            peers[node_id] = Peer(node_id, str(data["url"]), str(data["incarnation"]))
+            self.seen[node_id] = now
+        gone = [n for n, at in self.seen.items() if n not in peers and now - at > 10 * self.ttl_s]
+        if gone:  # long dead: stop listing them (their sessions' directory entries answer for them)
+            await self.redis.call("prune the node registry", lambda r: r.srem(nodes_key, *gone))
+            for n in gone:
+                self.seen.pop(n, None)
+        self.peers = peers
+        self.fresh_at = now
+
+    async def lookup(self, node_id: str) -> Peer | None:
+        """Ask Redis now (not the last beat's copy): is ``node_id`` alive, and as which incarnation?"""
+        raw = await self.redis.call("look up a node", lambda r: r.get(self.redis.key("node", node_id)))
+        if raw is None:
+            self.peers.pop(node_id, None)
+            return None
+        data = orjson.loads(raw)
+        peer = Peer(node_id, str(data["url"]), str(data["incarnation"]))
+        self.peers[node_id] = peer
+        self.seen[node_id] = time.monotonic()
+        return peer
+
+    def recently_seen(self, node_id: str) -> bool:
+        """Alive at a beat less than one TTL ago: its absence now may be Redis restarting, not its death."""
+        at = self.seen.get(node_id)
+        return at is not None and time.monotonic() - at < self.ttl_s
+
+    async def start(self) -> None:
+        try:
+            await self.beat()
+            self.healthy = True
+        except StoreUnavailable as exc:
+            log.error("%s; the node starts alone and joins when Redis answers", exc.message)
+        self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.beat()
+            except StoreUnavailable as exc:
+                if self.healthy:
+                    log.error("%s; session operations that need it answer 503 until it is back", exc.message)
+                self.healthy = False
+                continue
+            except Exception:  # a malformed entry must not stop the heartbeat: the node would look dead
+                log.exception("heartbeat failed")
+                continue
+            if not self.healthy:
+                log.warning("the shared store (Redis at %s) answers again", self.redis.where)
+            self.healthy = True
+
+    async def leave(self) -> None:
+        """Stop beating and delete our entry: the others answer 410 for our sessions at once, not after a TTL."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        key = self.redis.key("node", self.me.node_id)
+
+        async def delete_if_mine(r: Redis) -> None:
+            raw = await r.get(key)
+            if raw is not None and orjson.loads(raw).get("incarnation") == self.me.incarnation:
+                await r.delete(key)
+
+        with contextlib.suppress(StoreUnavailable):
+            await self.redis.call("leave the node registry", delete_if_mine)

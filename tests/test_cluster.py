@@ -1,0 +1,223 @@
+"""Three real nodes sharing a real redis-server on loopback: one service.
+
+A session created on one node is stepped through the others (forwarded to its
+owner, state intact, the caller authenticated by the owner); idempotent retries
+run once whichever node they land on; Redis going away costs one-shots nothing
+and session creation a clear 503, and the nodes recover by themselves; a node
+killed without warning has its sessions answer 410 on every other node within
+its heartbeat TTL, and nothing hangs meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from sandboxd.localnode import NodeProcess
+from tests.conftest import RedisServer
+
+pytestmark = pytest.mark.timeout(300)
+
+KEY_A = "key-a-0123456789abcdef"
+KEY_B = "key-b-0123456789abcdef"
+HEARTBEAT_S, TTL_S = 0.5, 2.0
+
+
+@pytest.fixture(scope="module")
+def nodes(redis_server: RedisServer) -> Iterator[list[NodeProcess]]:
+    started = []
+    try:
+        for i in (1, 2, 3):
+            node = NodeProcess(
+                {
+                    "SANDBOXD_NODE_ID": f"n{i}",
+                    "SANDBOXD_REDIS_URL": redis_server.url,
+                    "SANDBOXD_REDIS_PREFIX": "t-cluster",
+                    "SANDBOXD_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S),
+                    "SANDBOXD_HEARTBEAT_TTL_S": str(TTL_S),
+                    "SANDBOXD_WORKERS": "1",
+                    "SANDBOXD_RUNNERS": '["python", "textgame"]',
+                    "SANDBOXD_API_KEYS": f'["{KEY_A}", "{KEY_B}"]',
+                    "SANDBOXD_REDIS_TIMEOUT_S": "0.5",
+                },
+            )
+            started.append(node)
+        for node in started:
+            node.wait_ready(120)
+        yield started
+    finally:
+        for node in started:
+            node.stop()
+
+
+def client(node: NodeProcess, key: str = KEY_A) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=node.url, timeout=30, headers={"authorization": f"Bearer {key}"})
+
+
+async def py(c: httpx.AsyncClient, code: str, session_id: str | None = None, **extra: object) -> httpx.Response:
+    body: dict[str, object] = {"runner": "python", "action": {"code": code}, **extra}
+    if session_id:
+        body["session_id"] = session_id
+    return await c.post("/rollout/step", json=body)
+
+
+async def until_peers(nodes: list[NodeProcess], want: int, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        seen = []
+        for n in nodes:
+            async with client(n) as c:
+                seen.append(len((await c.get("/readyz")).json()["cluster"]["peers"]))
+        if all(s >= want for s in seen):
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"nodes never saw {want} peers: {seen}")
+
+
+async def test_session_stepped_through_every_node(nodes: list[NodeProcess]) -> None:
+    n1, n2, n3 = nodes
+    await until_peers(nodes, 3)
+    async with client(n1) as c1, client(n2) as c2, client(n3) as c3, client(n2, KEY_B) as other:
+        r = await c1.post("/sessions", json={"runner": "python"})
+        assert r.status_code == 201, r.text
+        sid = r.json()["session_id"]
+        assert sid.endswith(".n1")
+        assert (await py(c1, "import os\nx = 40\nopen('f.txt', 'w').write('kept')", sid)).json()["ok"]
+        r = await py(c2, "x += 1\nprint(x, os.getpid() > 0)", sid)
+        assert r.status_code == 200 and r.json()["observation"]["stdout"] == "41 True\n", r.text
+        r = await py(c3, "x += 1\nprint(x, open('f.txt').read())", sid)
+        assert r.json()["observation"]["stdout"] == "42 kept\n", r.text
+        assert r.json()["session_id"] == sid
+        info = await c3.get(f"/sessions/{sid}")
+        assert info.status_code == 200 and info.json()["node_id"] == "n1" and info.json()["steps"] == 3, info.text
+
+        # The owner authenticates the forwarded request: another tenant's key sees no session, from any node.
+        r = await py(other, "print(x)", sid)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_session", r.text
+        assert (await other.get(f"/sessions/{sid}")).status_code == 404
+        assert (await other.delete(f"/sessions/{sid}")).status_code == 404
+        async with httpx.AsyncClient(base_url=n2.url, timeout=30) as anonymous:
+            assert (await py(anonymous, "print(1)", sid)).status_code == 401
+
+        # The owner's own errors come back as they were (a busy session is the owner's 409, blamed on the client).
+        slow = asyncio.create_task(py(c2, "import time; time.sleep(1.5)", sid))
+        await asyncio.sleep(0.5)
+        busy = await py(c3, "print(1)", sid)
+        assert busy.status_code == 409 and busy.json()["error"]["blame"] == "client", busy.text
+        assert (await slow).json()["ok"]
+
+        # Ids that name no live node, or this node, or garbage: 404, never a forward or a 5xx.
+        for bogus in ("s_nothing.n9", "s_nothing.n1", "s_x%2F..%2Fhealthz.n1", "nope"):
+            r = await py(c2, "print(1)", bogus)
+            assert r.status_code == 404, (bogus, r.text)
+
+        # Closed through a third node; every node then says it is gone.
+        assert (await c3.delete(f"/sessions/{sid}")).status_code == 204
+        for c in (c1, c2, c3):
+            r = await py(c, "print(x)", sid)
+            assert r.status_code == 404, r.text
+
+
+async def test_idempotent_retries_across_nodes_run_once(nodes: list[NodeProcess]) -> None:
+    code = "import random, time\ntime.sleep(0.8)\nprint(random.random())"
+    async with client(nodes[0]) as c1, client(nodes[1]) as c2, client(nodes[2]) as c3:
+        # Concurrent: the first claims the key, the others wait for its result on their own nodes.
+        first = await asyncio.gather(*(py(c, code, idempotency_key="k-concurrent") for c in (c1, c2, c3)))
+        outs = {r.json()["observation"]["stdout"] for r in first}
+        assert all(r.status_code == 200 for r in first) and len(outs) == 1, [r.text for r in first]
+        # Later, elsewhere: the stored result.
+        again = await py(c3, code, idempotency_key="k-concurrent")
+        assert again.json()["observation"]["stdout"] in outs
+        # The same key for another request is the client's error, on any node.
+        r = await py(c2, "print(2)", idempotency_key="k-concurrent")
+        assert r.status_code == 422 and "different request" in r.json()["error"]["message"], r.text
+        # Another tenant's key of the same name is another key.
+        async with client(nodes[1], KEY_B) as b:
+            assert (await py(b, "print('b')", idempotency_key="k-concurrent")).json()["observation"]["stdout"] == "b\n"
+        # Session creation too: one session, whichever node the retry reaches.
+        made = [await c.post("/sessions", json={"runner": "textgame", "idempotency_key": "mk-1"}) for c in (c1, c2, c3)]
+        assert {m.json()["session_id"] for m in made} == {made[0].json()["session_id"]}, [m.text for m in made]
+        sid = made[0].json()["session_id"]
+        assert (await c2.delete(f"/sessions/{sid}")).status_code == 204
+
+
+async def test_redis_down_one_shots_run_sessions_503_then_recover(
+    nodes: list[NodeProcess], redis_server: RedisServer
+) -> None:
+    n1, n2, n3 = nodes
+    await until_peers(nodes, 3)
+    async with client(n1) as c1, client(n2) as c2, client(n3) as c3:
+        sid = (await c1.post("/sessions", json={"runner": "python"})).json()["session_id"]
+        assert (await py(c1, "state = 'before the outage'", sid)).json()["ok"]
+        redis_server.kill()
+        try:
+            for c in (c1, c2, c3):
+                r = await py(c, "print(6 * 7)")
+                assert r.status_code == 200 and r.json()["observation"]["stdout"] == "42\n", r.text
+                # An idempotent one-shot still runs (on this node's memory until Redis is back).
+                r = await py(c, "print('idem')", idempotency_key="during-outage")
+                assert r.status_code == 200 and r.json()["ok"], r.text
+                t0 = time.monotonic()
+                r = await c.post("/sessions", json={"runner": "python"})
+                assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable", r.text
+                assert r.headers.get("retry-after") and time.monotonic() - t0 < 3
+            # The session's owner still serves it; a node that cannot consult the registry says so in time.
+            assert (await py(c1, "print(state)", sid)).json()["observation"]["stdout"] == "before the outage\n"
+            await asyncio.sleep(TTL_S + 2 * HEARTBEAT_S)  # every node has failed a beat by now
+            for c in (c2, c3):
+                t0 = time.monotonic()
+                r = await py(c, "print(state)", sid)
+                assert time.monotonic() - t0 < 5
+                assert r.status_code in (200, 503), r.text  # forwarded from the last registry, or a clear 503
+                if r.status_code == 503:
+                    assert r.json()["error"]["blame"] == "infra"
+            ready = (await c2.get("/readyz")).json()
+            assert ready["cluster"]["store"] == "unavailable" and ready["ready"], ready
+        finally:
+            redis_server.start()  # empty: the nodes re-register and re-publish their sessions themselves
+        deadline = time.monotonic() + 15
+        while True:
+            r = await py(c3, "print(state)", sid)
+            healthy = (await c2.get("/readyz")).json()["cluster"]["store"] == "ok"
+            if r.status_code == 200 and healthy and (await c2.post("/sessions", json={"runner": "textgame"})).status_code == 201:
+                break
+            assert time.monotonic() < deadline, r.text
+            await asyncio.sleep(0.3)
+        assert r.json()["observation"]["stdout"] == "before the outage\n"
+        await c1.delete(f"/sessions/{sid}")
+
+
+async def test_killed_node_sessions_answer_410_everywhere(nodes: list[NodeProcess]) -> None:
+    n1, n2, n3 = nodes
+    await until_peers(nodes, 3)
+    async with client(n1) as c1, client(n2) as c2, client(n3) as c3:
+        sid = (await c1.post("/sessions", json={"runner": "python"})).json()["session_id"]
+        assert (await py(c2, "y = 1", sid)).json()["ok"]
+        n1.proc.kill()  # no goodbye: the heartbeat runs out
+        n1.proc.wait()
+        killed = time.monotonic()
+        seen: set[int] = set()
+        for c in (c2, c3):
+            while True:
+                t0 = time.monotonic()
+                r = await py(c, "print(y)", sid)
+                assert time.monotonic() - t0 < 5, "a step for a dead node's session hung"
+                seen.add(r.status_code)
+                if r.status_code == 410:
+                    assert r.json()["error"]["code"] == "session_lost" and r.json()["error"]["blame"] == "infra"
+                    assert "n1" in r.json()["error"]["message"]
+                    break
+                assert r.status_code == 502 and r.json()["error"]["code"] == "node_unreachable", r.text
+                assert time.monotonic() - killed < TTL_S + 2 * HEARTBEAT_S + 1.0, "still not lost after the TTL"
+                await asyncio.sleep(0.1)
+        assert time.monotonic() - killed < TTL_S + 2 * HEARTBEAT_S + 1.0
+        assert (await c3.get(f"/sessions/{sid}")).status_code == 410
+        # One-shots and the surviving nodes' own sessions are untouched.
+        assert (await py(c2, "print(1)")).json()["ok"]
+        sid2 = (await c3.post("/sessions", json={"runner": "python"})).json()["session_id"]
+        assert (await py(c2, "z = 5", sid2)).json()["ok"]
+        assert (await py(c3, "print(z)", sid2)).json()["observation"]["stdout"] == "5\n"
