@@ -8,6 +8,7 @@ sandboxd size             instances and $/1M units per instance type, from resul
 sandboxd report           one HTML page comparing machines: curves, $/1M bars, sizing, prices
 sandboxd config-docs      print the configuration reference (docs/configuration.md)
 sandboxd doctor           check what the Python runner needs (nsjail, cgroups, interpreter)
+sandboxd drain            tell the node on this machine to stop taking work, wait for its steps (preStop)
 """
 
 from __future__ import annotations
@@ -237,6 +238,34 @@ def _positive(text: str) -> float:
     return value
 
 
+def _drain(args: argparse.Namespace) -> int:
+    """POST /drain, then wait until no step is in flight (and, with --sessions, no session is left)."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + args.timeout
+    try:
+        r = httpx.post(f"{args.url}/drain", timeout=10)
+    except httpx.HTTPError as exc:
+        print(f"drain: {args.url} did not answer: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if r.status_code != 200:
+        print(f"drain: {args.url} answered {r.status_code}: {r.text}", file=sys.stderr)
+        return EXIT_FAILED
+    while time.monotonic() < deadline:
+        try:
+            body = httpx.get(f"{args.url}/readyz", timeout=5).json()
+        except (httpx.HTTPError, ValueError):
+            return EXIT_OK  # gone already
+        if body.get("inflight", 0) == 0 and (not args.sessions or body.get("sessions", 0) == 0):
+            print(f"drain: done ({body.get('sessions', 0)} sessions left)")
+            return EXIT_OK
+        time.sleep(0.5)
+    print(f"drain: still busy after {args.timeout:.0f}s; stopping anyway", file=sys.stderr)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sandboxd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -307,6 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
     docs.set_defaults(func=_config_docs)
     doctor = sub.add_parser("doctor", help="check nsjail, cgroups and the jail's interpreter")
     doctor.set_defaults(func=_doctor)
+    drain = sub.add_parser("drain", help="stop the local node taking work and wait for its steps (preStop hook)")
+    drain.add_argument("--url", default="http://127.0.0.1:8080", help="the node, on loopback")
+    drain.add_argument("--timeout", type=float, default=60.0, help="longest wait, seconds")
+    drain.add_argument("--sessions", action="store_true", help="also wait until every session has ended")
+    drain.set_defaults(func=_drain)
     return parser
 
 

@@ -1,10 +1,19 @@
-"""Async client for trainers and agent backends (httpx, one connection pool).
+"""Async client for trainers and agent backends (httpx, one connection pool per node).
 
     async with SandboxClient("http://127.0.0.1:8080") as c:
         r = await c.run_python("print(1)")
         async with c.session() as s:
             await s.run_python("x = 1")
             r = await s.run_python("print(x)")
+
+Several nodes (or one Service URL in front of them)::
+
+    SandboxClient(["http://node-0:8080", "http://node-1:8080"], api_key=KEY)
+
+One-shot steps are spread round-robin; a node that cannot be reached is skipped
+for a few seconds and the step goes to the next (it never reached the first, so
+it cannot run twice). A session's steps go straight to the node that created it
+(its id names it); any node would forward them, this saves the hop.
 
 Results are returned as dicts in the API's shape. ``StepFailed`` is raised only
 for client and infrastructure errors when ``raise_infra`` is set; a program that
@@ -14,10 +23,16 @@ fails is a normal result (``ok`` false, ``error.blame == "program"``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import itertools
+import time
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
+
+from sandboxd.stores.sessions import owner_of
+
+NODE_DOWN_S = 5.0  # a node that refused a connection is skipped this long
 
 
 class StepFailed(Exception):
@@ -27,23 +42,68 @@ class StepFailed(Exception):
         self.result = result
 
 
+class NoNodeReachable(ConnectionError):
+    pass
+
+
 class SandboxClient:
-    def __init__(self, base_url: str, timeout_s: float = 600.0, max_connections: int = 1024) -> None:
-        self.http = httpx.AsyncClient(
-            base_url=base_url,
-            timeout=timeout_s,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+    def __init__(
+        self,
+        base_url: str | Sequence[str],
+        timeout_s: float = 600.0,
+        max_connections: int = 1024,
+        api_key: str | None = None,
+    ) -> None:
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ValueError("SandboxClient needs at least one node URL")
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else None
+        self.nodes = [
+            httpx.AsyncClient(
+                base_url=u.rstrip("/"),
+                timeout=timeout_s,
+                headers=headers,
+                limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            )
+            for u in urls
+        ]
+        self.http = self.nodes[0]
+        self._turn = itertools.count()
+        self._down_until = [0.0] * len(self.nodes)
+        self._by_node_id: dict[str, int] = {}  # node id -> index of the URL that created a session there
 
     async def __aenter__(self) -> SandboxClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.http.aclose()
+        for node in self.nodes:
+            await node.aclose()
+
+    def _order(self, first: int | None = None) -> list[int]:
+        n = len(self.nodes)
+        start = first if first is not None else next(self._turn) % n
+        order = [(start + i) % n for i in range(n)]
+        now = time.monotonic()
+        return [i for i in order if self._down_until[i] <= now] + [i for i in order if self._down_until[i] > now]
+
+    async def _request(self, method: str, path: str, first: int | None = None, **kw: Any) -> tuple[int, httpx.Response]:
+        """Send to the first reachable node, starting at ``first`` (or the next in turn)."""
+        errors = []
+        for i in self._order(first):
+            try:
+                return i, await self.nodes[i].request(method, path, **kw)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # never sent: another node may take it
+                self._down_until[i] = time.monotonic() + NODE_DOWN_S
+                errors.append(f"{self.nodes[i].base_url}: {exc}")
+        raise NoNodeReachable("no sandboxd node reachable: " + "; ".join(errors))
+
+    def _home(self, session_id: str | None) -> int | None:
+        owner = owner_of(session_id) if session_id else None
+        return self._by_node_id.get(owner) if owner else None
 
     async def step(self, runner: str, action: dict[str, Any], **fields: Any) -> dict[str, Any]:
         body = {"runner": runner, "action": action, **{k: v for k, v in fields.items() if v is not None}}
-        r = await self.http.post("/rollout/step", json=body)
+        _, r = await self._request("POST", "/rollout/step", self._home(body.get("session_id")), json=body)
         data: dict[str, Any] = r.json()
         return data
 
@@ -55,20 +115,21 @@ class SandboxClient:
         return await self.step("python", action, **fields)
 
     async def steps(self, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        r = await self.http.post("/rollout/steps", json={"steps": steps})
+        _, r = await self._request("POST", "/rollout/steps", json={"steps": steps})
         r.raise_for_status()
         results: list[dict[str, Any]] = r.json()["results"]
         return results
 
     async def create_session(self, runner: str = "python", **fields: Any) -> dict[str, Any]:
-        r = await self.http.post("/sessions", json={"runner": runner, **fields})
+        i, r = await self._request("POST", "/sessions", json={"runner": runner, **fields})
         if r.status_code != 201:
             raise StepFailed(r.json())
         data: dict[str, Any] = r.json()
+        self._by_node_id[data["node_id"]] = i
         return data
 
     async def close_session(self, session_id: str) -> None:
-        await self.http.delete(f"/sessions/{session_id}")
+        await self._request("DELETE", f"/sessions/{session_id}", self._home(session_id))
 
     @contextlib.asynccontextmanager
     async def session(self, runner: str = "python", **fields: Any) -> AsyncIterator[Session]:

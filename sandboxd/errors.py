@@ -9,7 +9,8 @@
     │   ├── UnknownSession       404     no such session (never existed, closed, reaped)
     │   ├── SessionBusy          409     a step is already running in that session
     │   ├── UnknownRunner        422     runner kind not enabled on this node
-    │   └── Unauthorized         401     no API key, or one this node does not know
+    │   ├── Unauthorized         401     no API key, or one this node does not know
+    │   └── Forbidden            403     an operation this caller may not ask for (drain from off the node)
     └── InfraError               500     the service failed, not the program (blame: infra)
         ├── Saturated            429     admission queue or a runner's session cap full; Retry-After
         ├── DeadlineExceeded     504     the step waited in the queue past its deadline
@@ -135,6 +136,11 @@ class UnknownRunner(ClientError):
 class Unauthorized(ClientError):
     status = 401
     code = "unauthorized"
+
+
+class Forbidden(ClientError):
+    status = 403
+    code = "forbidden"
 
 
 class InfraError(SandboxdError):

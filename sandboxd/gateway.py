@@ -184,6 +184,7 @@ class Gateway:
             "workers": workers,
             "sessions": await self.sessions.count(),
             "draining": self.draining,
+            "inflight": self.inflight,
         }
         if self.cluster is not None:  # a node without Redis still serves one-shots: ready, but say so
             body["cluster"] = {

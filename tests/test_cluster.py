@@ -183,12 +183,45 @@ async def test_redis_down_one_shots_run_sessions_503_then_recover(
         while True:
             r = await py(c3, "print(state)", sid)
             healthy = (await c2.get("/readyz")).json()["cluster"]["store"] == "ok"
-            if r.status_code == 200 and healthy and (await c2.post("/sessions", json={"runner": "textgame"})).status_code == 201:
+            if (
+                r.status_code == 200
+                and healthy
+                and (await c2.post("/sessions", json={"runner": "textgame"})).status_code == 201
+            ):
                 break
             assert time.monotonic() < deadline, r.text
             await asyncio.sleep(0.3)
         assert r.json()["observation"]["stdout"] == "before the outage\n"
         await c1.delete(f"/sessions/{sid}")
+
+
+def steps_ok(metrics: str) -> float:
+    line = next(
+        ln
+        for ln in metrics.splitlines()
+        if ln.startswith('sandboxd_step_latency_seconds_count{outcome="ok",runner="python"}')
+    )
+    return float(line.split()[-1])
+
+
+async def test_client_spreads_one_shots_and_skips_a_dead_node(nodes: list[NodeProcess]) -> None:
+    from sandboxd.client import SandboxClient
+    from sandboxd.localnode import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    before = []
+    for n in nodes:
+        async with httpx.AsyncClient(base_url=n.url) as c:
+            before.append(steps_ok((await c.get("/metrics")).text))
+    async with SandboxClient([dead, *(n.url for n in nodes)], timeout_s=30, api_key=KEY_A) as sc:
+        results = await asyncio.gather(*(sc.run_python(f"print({i})") for i in range(12)))
+        assert [r["observation"]["stdout"] for r in results] == [f"{i}\n" for i in range(12)]
+        async with sc.session("python") as s:  # created on some node; its steps go straight there
+            await s.run_python("v = 7")
+            assert (await s.run_python("print(v)"))["observation"]["stdout"] == "7\n"
+    for n, b in zip(nodes, before, strict=True):
+        async with httpx.AsyncClient(base_url=n.url) as c:
+            assert steps_ok((await c.get("/metrics")).text) - b >= 3, n.url  # every live node took its share
 
 
 async def test_killed_node_sessions_answer_410_everywhere(nodes: list[NodeProcess]) -> None:

@@ -1,13 +1,16 @@
-"""Operations surface: liveness, readiness and Prometheus metrics."""
+"""Operations surface: liveness, readiness, Prometheus metrics, and the drain before a node stops."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+import ipaddress
+
+from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import PlainTextResponse, Response
 
 from sandboxd.api.auth import Auth
 from sandboxd.api.surface import json_response, native_error, surface_router
+from sandboxd.errors import Forbidden
 from sandboxd.gateway import Gateway
 
 
@@ -25,6 +28,23 @@ def router(gateway: Gateway, auth: Auth, protected: bool) -> APIRouter:
         """Every worker is up with its warm pools (readiness); 503 otherwise."""
         ok, body = await gateway.ready()
         return json_response(body, 200 if ok else 503)
+
+    @api.post("/drain", responses={403: {"description": "not from this machine (loopback only)"}})
+    async def drain(request: Request) -> Response:
+        """Stop taking new sessions and one-shot steps (503 ``shutting_down``, /readyz 503) while the steps in
+        flight and the steps of live sessions go on: what a Kubernetes preStop hook runs (``sandboxd drain``)
+        before SIGTERM. Only from loopback: a tenant's key must not take a node out of service."""
+        host = request.client.host if request.client else ""
+        try:
+            local = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            local = False
+        if not local:
+            raise Forbidden("POST /drain is only taken from this machine (loopback)")
+        gateway.begin_drain()
+        return json_response(
+            {"draining": True, "inflight": gateway.inflight, "sessions": await gateway.sessions.count()}
+        )
 
     @api.get(
         "/metrics",

@@ -1,0 +1,107 @@
+"""deploy/gunicorn.conf.py runs a real node under gunicorn; the preStop drain (``sandboxd drain``) lets steps finish."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sandboxd.localnode import free_port, wait_ready
+
+pytestmark = pytest.mark.timeout(240)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gunicorn(port: int, *extra: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    env.update(
+        SANDBOXD_PORT=str(port), SANDBOXD_WORKERS="1", SANDBOXD_RUNNERS='["python"]', SANDBOXD_LOG_LEVEL="warning"
+    )
+    out = log.open("wb") if log else None
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "deploy/gunicorn.conf.py"), *extra],
+            env=env,
+            cwd=ROOT,
+            stdout=out or subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+    finally:
+        if out is not None:
+            out.close()  # the child has its own copy
+
+
+async def test_node_under_gunicorn_serves_drains_and_stops(tmp_path: Path) -> None:
+    port = free_port()
+    proc = gunicorn(port, log=tmp_path / "gunicorn.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_ready(base, timeout_s=120, proc=proc), (tmp_path / "gunicorn.log").read_text()
+        async with httpx.AsyncClient(base_url=base, timeout=60) as c:
+            r = await c.post("/rollout/step", json={"runner": "python", "action": {"code": "print(6*7)"}})
+            assert r.json()["observation"]["stdout"] == "42\n"
+            sid = (await c.post("/sessions", json={"runner": "python"})).json()["session_id"]
+            assert (
+                await c.post("/rollout/step", json={"runner": "python", "session_id": sid, "action": {"code": "k = 1"}})
+            ).json()["ok"]
+            # The preStop hook: a step in flight finishes, new work is refused (retry elsewhere), the session's
+            # next step still runs.
+            slow = asyncio.create_task(
+                c.post(
+                    "/rollout/step",
+                    json={"runner": "python", "action": {"code": "import time; time.sleep(2); print('done')"}},
+                )
+            )
+            await asyncio.sleep(0.5)
+            t0 = time.monotonic()
+            drain = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sandboxd", "drain", "--url", base, "--timeout", "30"
+            )
+            assert await drain.wait() == 0
+            assert time.monotonic() - t0 >= 1.0  # it waited for the step
+            assert (await slow).json()["observation"]["stdout"] == "done\n"
+            refused = await c.post("/rollout/step", json={"runner": "python", "action": {"code": "print(1)"}})
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+            assert (await c.post("/sessions", json={"runner": "python"})).status_code == 503
+            assert (await c.get("/readyz")).status_code == 503
+            r = await c.post(
+                "/rollout/step", json={"runner": "python", "session_id": sid, "action": {"code": "print(k)"}}
+            )
+            assert r.json()["observation"]["stdout"] == "1\n", r.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_more_than_one_gateway_process_is_refused(tmp_path: Path) -> None:
+    proc = gunicorn(free_port(), "--workers", "2", log=tmp_path / "out.log")
+    try:
+        assert proc.wait(60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "one gateway process per node" in (tmp_path / "out.log").read_text()
+
+
+def test_drain_is_refused_from_off_the_node() -> None:
+    from fastapi.testclient import TestClient
+
+    from sandboxd.app import create_app
+    from sandboxd.config import load_settings
+
+    app = create_app(load_settings(workers=1, runners=["textgame"]))
+    with TestClient(app, client=("10.1.2.3", 5000)) as c:
+        r = c.post("/drain")
+        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+        assert c.get("/readyz").status_code == 200
