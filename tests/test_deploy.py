@@ -1,0 +1,246 @@
+"""The Helm chart rendered by a real helm and validated against the Kubernetes API schemas; the Dockerfile's
+build step run as the image runs it.
+
+helm comes from scripts/install_helm.py (the official binary, offline); kubernetes-validate carries the
+Kubernetes API's JSON schemas. ServiceMonitor is a CRD neither knows: it is checked against the Service
+it must select.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from sandboxd.cli import build_parser
+from sandboxd.config import settings_model
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "sandboxd"
+HELM = shutil.which("helm", path=str(Path(sys.executable).parent)) or shutil.which("helm")
+KEY = "0123456789abcdef-test-key"
+K8S_VERSIONS = ("1.30.0", "1.37.0")
+
+needs_helm = pytest.mark.skipif(HELM is None, reason="no helm binary (scripts/install_helm.py is x86_64 only)")
+
+
+class StrictLoader(yaml.SafeLoader):
+    """YAML with duplicate keys refused: Kubernetes would silently keep one of them."""
+
+
+def _no_duplicates(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    keys = [loader.construct_object(k, deep=deep) for k, _ in node.value]
+    dup = {k for k in keys if keys.count(k) > 1}
+    if dup:
+        raise AssertionError(f"duplicate keys {dup} at {node.start_mark}")
+    return loader.construct_mapping(node, deep=deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    assert HELM is not None
+    return subprocess.run([HELM, *args], capture_output=True, text=True, timeout=60, env={"HOME": "/tmp", "PATH": ""})
+
+
+def render(*values: str) -> list[dict[str, Any]]:
+    r = helm("template", "rel", str(CHART), "--namespace", "rl", "--set-json", f'apiKeys.keys=["{KEY}"]', *values)
+    assert r.returncode == 0, r.stderr
+    return [d for d in yaml.load_all(r.stdout, Loader=StrictLoader) if d]
+
+
+def by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for d in docs:
+        out.setdefault(d["kind"], []).append(d)
+    return out
+
+
+MODES = {
+    "default": (),
+    "external-redis-autoscaled-monitored": (
+        "--set",
+        "redis.bundled=false",
+        "--set",
+        "redis.url=redis://redis.infra:6379/0",
+        "--set",
+        "autoscaling.enabled=true",
+        "--set",
+        "autoscaling.queueDepth.enabled=true",
+        "--set",
+        "serviceMonitor.enabled=true",
+        "--set",
+        "security.mode=capabilities",
+        "--set",
+        "drain.waitForSessions=true",
+    ),
+    "graviton": ("-f", str(CHART / "examples" / "graviton.yaml")),
+    "gpu-spare-cpus": ("-f", str(CHART / "examples" / "gpu-spare-cpus.yaml")),
+}
+
+
+@needs_helm
+def test_lint_strict() -> None:
+    r = helm("lint", "--strict", str(CHART), "--set-json", f'apiKeys.keys=["{KEY}"]')
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_helm
+@pytest.mark.parametrize("mode", list(MODES))
+def test_rendered_manifests_are_valid_kubernetes(mode: str) -> None:
+    docs = render(*MODES[mode])
+    for doc in docs:
+        if doc["kind"] == "ServiceMonitor":
+            continue
+        for version in K8S_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']} on {version}: {exc}") from None
+    kinds = by_kind(docs)
+    workload = (kinds.get("StatefulSet") or kinds["DaemonSet"])[0]
+    pod = workload["spec"]["template"]
+    node_services = [s for s in kinds["Service"] if s["spec"]["selector"].get("app.kubernetes.io/component") == "node"]
+    pod_labels = pod["metadata"]["labels"]
+    for svc in node_services:  # every Service selects the node pods and only them
+        assert all(pod_labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+    for redis in kinds.get("Deployment", []):
+        labels = redis["spec"]["template"]["metadata"]["labels"]
+        assert not all(labels.get(k) == v for k, v in node_services[0]["spec"]["selector"].items())
+    if "PodDisruptionBudget" in kinds:
+        sel = kinds["PodDisruptionBudget"][0]["spec"]["selector"]["matchLabels"]
+        assert all(pod_labels.get(k) == v for k, v in sel.items())
+    if "HorizontalPodAutoscaler" in kinds:
+        ref = kinds["HorizontalPodAutoscaler"][0]["spec"]["scaleTargetRef"]
+        assert (ref["kind"], ref["name"]) == (workload["kind"], workload["metadata"]["name"])
+        assert "replicas" not in workload["spec"]  # the HPA owns it
+    for monitor in kinds.get("ServiceMonitor", []):
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        wanted = monitor["spec"]["selector"]["matchLabels"]
+        selected = [s for s in kinds["Service"] if all(s["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
+        assert [s["metadata"]["name"] for s in selected] == ["rel-sandboxd-nodes"]  # each node scraped once
+        ports = {p["name"] for p in selected[0]["spec"]["ports"]}
+        assert all(e["port"] in ports and e["path"] == "/metrics" for e in monitor["spec"]["endpoints"])
+
+
+@needs_helm
+@pytest.mark.parametrize("mode", list(MODES))
+def test_the_pod_starts_a_node_the_settings_accept(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the pod would run: its SANDBOXD_* settings load, its preStop parses, its grace covers the drain."""
+    kinds = by_kind(render(*MODES[mode]))
+    workload = (kinds.get("StatefulSet") or kinds["DaemonSet"])[0]
+    spec = workload["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    fake = {"POD_NAME": "rel-sandboxd-0", "POD_NAMESPACE": "rl", "POD_IP": "10.0.0.7", "K8S_NODE_NAME": "gpu-node-3"}
+    env = {}
+    for e in container["env"]:
+        if "value" in e:
+            env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: fake[m.group(1)], e["value"])
+    (configmap,) = kinds["ConfigMap"]
+    env.update(configmap["data"])
+    keys = tmp_path / "keys"
+    secret = kinds["Secret"][0]["stringData"]
+    keys.write_text(next(iter(secret.values())))
+    env["SANDBOXD_API_KEYS_FILE"] = str(keys)
+    for name, value in env.items():  # read as the node reads them: from its environment
+        if name.startswith("SANDBOXD_"):
+            monkeypatch.setenv(name, value)
+    settings = settings_model()()
+    assert settings.all_api_keys() == [KEY]
+    assert settings.redis_url and settings.advertised_url().startswith("http://")
+    if workload["kind"] == "StatefulSet":
+        assert settings.node_id == "rel-sandboxd-0"
+        assert f".{workload['spec']['serviceName']}.rl.svc:" in settings.node_url
+    else:
+        assert settings.node_id == "gpu-node-3" and settings.node_url == "http://10.0.0.7:8080"
+    res = container["resources"]
+    assert res["requests"] == res["limits"] and str(settings.workers) == str(res["limits"]["cpu"])
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sandboxd"
+    args = build_parser().parse_args(pre_stop[1:])
+    assert args.func.__name__ == "_drain" and args.url.startswith("http://127.0.0.1:")
+    assert spec["terminationGracePeriodSeconds"] >= args.timeout + settings.shutdown_grace_s
+    probes = {name: container[name]["httpGet"]["path"] for name in ("startupProbe", "readinessProbe", "livenessProbe")}
+    assert probes == {"startupProbe": "/healthz", "readinessProbe": "/readyz", "livenessProbe": "/healthz"}
+    assert not settings.auth_ops  # the probes send no key
+    sc = container["securityContext"]
+    assert sc["runAsUser"] == 0 and (sc.get("privileged") or "SYS_ADMIN" in sc["capabilities"]["add"])
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (("--set", "vcpus=0"), "vcpus"),
+        (("--set", "mode=deployment"), "mode"),
+        (("--set", "config.NODE_URL=http://x:1"), "NODE_URL"),
+        (("--set", "redis.url=http://redis:6379"), "redis"),
+        (("--set-json", 'apiKeys.keys=["short"]'), "apiKeys"),
+        (("--set", "serviceMonitor.interval=often"), "interval"),
+        (("--set", "unknownValue=1"), "unknownValue"),
+    ],
+)
+def test_values_schema_refuses_bad_values(values: tuple[str, ...], message: str) -> None:
+    r = helm("template", "rel", str(CHART), "--set-json", f'apiKeys.keys=["{KEY}"]', *values)
+    assert r.returncode != 0 and message in r.stderr, r.stderr
+
+
+@needs_helm
+def test_required_values_are_named() -> None:
+    r = helm("template", "rel", str(CHART))
+    assert r.returncode != 0 and "apiKeys.keys or apiKeys.existingSecret" in r.stderr
+    r = helm("template", "rel", str(CHART), "--set-json", f'apiKeys.keys=["{KEY}"]', "--set", "redis.bundled=false")
+    assert r.returncode != 0 and "redis.url is required" in r.stderr
+
+
+def test_values_schema_is_valid_json_schema() -> None:
+    import jsonschema  # type: ignore[import-untyped]
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()) | {"apiKeys": {"keys": [KEY]}}, schema)
+
+
+def test_dockerfile_installs_what_setup_installs_and_builds_a_complete_wheel(tmp_path: Path) -> None:
+    """The image's Debian packages are the node's (setup.sh), and its build step (pip wheel .) makes a wheel
+    that carries everything the node reads from its package (jailside code, bench data, the shop site)."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    node_pkgs = set(re.search(r"for pkg in ([^;]+); do", setup).group(1).split()) - {"redis-server"}  # type: ignore[union-attr]
+    image_pkgs = set(re.search(r"--no-install-recommends ([^\\\n]+)", dockerfile).group(1).split())  # type: ignore[union-attr]
+    assert node_pkgs <= image_pkgs, node_pkgs - image_pkgs
+    assert dockerfile.count("\nFROM ") + dockerfile.startswith("FROM ") >= 2  # multi-stage
+    assert 'CMD ["sandboxd", "serve"]' in dockerfile
+    src = tmp_path / "src"  # exactly what the build stage copies
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "sandboxd", src / "sandboxd", ignore=shutil.ignore_patterns("__pycache__"))
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    (wheel,) = tmp_path.glob("sandboxd-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in (
+        "sandboxd/runners/python/jailside/zygote.py",
+        "sandboxd/bench/data/prices.json",
+        "sandboxd/runners/browser/sites/shop/index.html",
+        "sandboxd/cluster/service.py",
+    ):
+        assert needed in names, needed
+    # What a tenant's program must not find in the image: the tests and the repository's tooling.
+    assert not any(n.startswith("tests/") for n in names)
