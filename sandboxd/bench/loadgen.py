@@ -32,7 +32,7 @@ class Level:
     """One level's parameters, as each load process receives them."""
 
     workload: str
-    target: str
+    target: str  # a node's base URL, or several comma-separated (each loop keeps to one of them)
     loops: int
     warmup_s: float
     duration_s: float
@@ -124,7 +124,9 @@ async def _child_main(level: Level, window: Window) -> Samples:
 
     async def run_loop(i: int) -> None:
         nonlocal first_done
-        loop = Loop(Connection(level.target), random.Random(level.seed * 1009 + i), shared, level.options, i)
+        targets = level.target.split(",")  # several nodes: each loop keeps to one, spread evenly
+        conn = Connection(targets[i % len(targets)])
+        loop = Loop(conn, random.Random(level.seed * 1009 + i), shared, level.options, i)
         try:
             await wl.begin(loop)
             first = True
