@@ -13,7 +13,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from sandboxd.bench.http import Connection
+from sandboxd.wire import Connection
 
 TRIVIAL = "print(1)"
 

@@ -29,11 +29,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sandboxd.bench.http import Connection
 from sandboxd.bench.loadgen import run_level
 from sandboxd.bench.stats import percentile
 from sandboxd.bench.workloads import Samples
 from sandboxd.localnode import NodeProcess, free_port
+from sandboxd.wire import Connection
 
 
 @contextlib.contextmanager

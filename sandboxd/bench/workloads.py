@@ -22,8 +22,8 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from sandboxd.bench.http import Connection
 from sandboxd.bench.stats import summary
+from sandboxd.wire import Connection
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,7 @@ class Cluster:
         self.registry = NodeRegistry(
             self.redis, self.me, settings.heartbeat_interval_s, settings.heartbeat_ttl_s, self._rejoined
         )
-        self.forwarder = Forwarder(
-            self.node_id, settings.forward_connect_timeout_s, step_budget_s, settings.max_connections
-        )
+        self.forwarder = Forwarder(self.node_id, settings.forward_connect_timeout_s, step_budget_s, max_idle=256)
         self.forwarded = 0
 
     async def _rejoined(self) -> None:
