@@ -66,6 +66,7 @@ class NodeProcess:
         env.update({"SANDBOXD_HOST": "127.0.0.1", "SANDBOXD_PORT": str(self.port)})
         env.setdefault("SANDBOXD_LOG_LEVEL", "warning")
         env.update(settings or {})
+        self.settings = dict(settings or {})
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sandboxd", "serve"], env=env, preexec_fn=_die_with(os.getpid())

@@ -110,6 +110,14 @@ async def test_session_stepped_through_every_node(nodes: list[NodeProcess]) -> N
         assert busy.status_code == 409 and busy.json()["error"]["blame"] == "client", busy.text
         assert (await slow).json()["ok"]
 
+        # A client claiming to be a node gets no forward, and no false "lost" either.
+        r = await c2.post(
+            "/rollout/step",
+            json={"runner": "python", "session_id": sid, "action": {"code": "print(1)"}},
+            headers={"x-sandboxd-forwarded-by": "n1"},
+        )
+        assert r.status_code == 404, r.text
+
         # Ids that name no live node, or this node, or garbage: 404, never a forward or a 5xx.
         for bogus in ("s_nothing.n9", "s_nothing.n1", "s_x%2F..%2Fhealthz.n1", "nope"):
             r = await py(c2, "print(1)", bogus)
@@ -249,8 +257,34 @@ async def test_killed_node_sessions_answer_410_everywhere(nodes: list[NodeProces
                 await asyncio.sleep(0.1)
         assert time.monotonic() - killed < TTL_S + 2 * HEARTBEAT_S + 1.0
         assert (await c3.get(f"/sessions/{sid}")).status_code == 410
+        # The same node id back, as a new incarnation (a StatefulSet pod restarted): its predecessor's
+        # sessions are lost, not unknown, on every node including itself.
+        reborn = NodeProcess(
+            {**n1.settings, "SANDBOXD_LOG_LEVEL": "warning"}  # same id, same Redis, a new port and incarnation
+        )
+        try:
+            reborn.wait_ready(120)
+            await until_peers([reborn, n2, n3], 3)
+            for base in (reborn.url, n2.url):
+                async with httpx.AsyncClient(
+                    base_url=base, timeout=30, headers={"authorization": f"Bearer {KEY_A}"}
+                ) as c:
+                    r = await py(c, "print(y)", sid)
+                    assert r.status_code == 410 and "restarted" in r.json()["error"]["message"], r.text
+        finally:
+            reborn.stop()
         # One-shots and the surviving nodes' own sessions are untouched.
         assert (await py(c2, "print(1)")).json()["ok"]
         sid2 = (await c3.post("/sessions", json={"runner": "python"})).json()["session_id"]
         assert (await py(c2, "z = 5", sid2)).json()["ok"]
         assert (await py(c3, "print(z)", sid2)).json()["observation"]["stdout"] == "5\n"
+
+
+async def test_stopped_node_sessions_are_lost_at_once(nodes: list[NodeProcess]) -> None:
+    _, n2, n3 = nodes
+    async with client(n3) as c3, client(n2) as c2:
+        sid = (await c3.post("/sessions", json={"runner": "python"})).json()["session_id"]
+        assert (await py(c2, "q = 1", sid)).json()["ok"]
+        n3.stop()  # SIGTERM: it leaves the registry before it goes
+        r = await py(c2, "print(q)", sid)
+        assert r.status_code == 410 and r.json()["error"]["code"] == "session_lost", r.text

@@ -67,6 +67,7 @@ class Forwarder:
                 async with asyncio.timeout(self.connect_timeout_s):
                     await conn.connect()
             except (OSError, TimeoutError) as exc:
+                await self._forget(peer.url)
                 raise PeerDown(f"{type(exc).__name__}: {exc}") from None
         try:
             async with asyncio.timeout(self.read_timeout_s):
@@ -74,6 +75,7 @@ class Forwarder:
         except BaseException as exc:
             await conn.close()  # mid-request: the connection's state is unknown
             if isinstance(exc, OSError | TimeoutError | ValueError | asyncio.IncompleteReadError):
+                await self._forget(peer.url)
                 raise PeerFailed(f"{type(exc).__name__}: {exc}") from None
             raise
         if conn.connected and len(idle) < self.max_idle:
@@ -81,6 +83,11 @@ class Forwarder:
         else:
             await conn.close()
         return status, data
+
+    async def _forget(self, url: str) -> None:
+        """A peer that failed: its idle connections are suspect, and a restarted peer may have a new address."""
+        for conn in self._idle.pop(url, []):
+            await conn.close()
 
     async def close(self) -> None:
         for conns in self._idle.values():

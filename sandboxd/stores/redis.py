@@ -142,7 +142,8 @@ class RedisSessionStore(MemorySessionStore):
             if session_id in self._closed:
                 raise
             entry = await self.lookup(session_id)
-            if entry is not None and entry.tenant == tenant and entry.incarnation != self.incarnation:
+            mine_before = entry is not None and entry.node_id == self.node_id and entry.incarnation != self.incarnation
+            if entry is not None and entry.tenant == tenant and mine_before:
                 raise SessionLost(
                     f"session {session_id} was lost: node {entry.node_id} restarted since it was created, "
                     "and its sandboxes with it",
