@@ -6,6 +6,11 @@
             await s.run_python("x = 1")
             r = await s.run_python("print(x)")
 
+A GRPO group from one prepared state (prepare once, fork G, step, score, close)::
+
+    async with await c.group("tools", 8, setup=[{"tool": "get_user", "args": {...}}]) as g:
+        results = await g.step([{"tool": "cancel_order", "args": {...}}] * 8)
+
 Several nodes (or one Service URL in front of them)::
 
     SandboxClient(["http://node-0:8080", "http://node-1:8080"], api_key=KEY)
@@ -22,6 +27,7 @@ fails is a normal result (``ok`` false, ``error.blame == "program"``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import time
@@ -131,6 +137,33 @@ class SandboxClient:
     async def close_session(self, session_id: str) -> None:
         await self._request("DELETE", f"/sessions/{session_id}", self._home(session_id))
 
+    async def fork_session(self, session_id: str, n: int, **fields: Any) -> dict[str, Any]:
+        """``POST /sessions/{id}/fork``: the answer (``sessions``, ``notes``); ``StepFailed`` if refused."""
+        home = self._home(session_id)
+        _, r = await self._request("POST", f"/sessions/{session_id}/fork", home, json={"n": n, **fields})
+        if r.status_code != 201:
+            raise StepFailed(r.json())
+        data: dict[str, Any] = r.json()
+        return data
+
+    async def group(
+        self,
+        runner: str,
+        n: int,
+        setup: list[dict[str, Any]] | None = None,
+        **fields: Any,
+    ) -> Group:
+        """Prepare once, fork ``n``: a session, the ``setup`` actions stepped in it (each must succeed),
+        then ``n`` copies of it. The prepared session is closed; the copies are the group (close it after,
+        or use ``async with``)."""
+        async with self.session(runner, **fields) as prepared:
+            for action in setup or []:
+                result = await prepared.step(action)
+                if not result.get("ok"):
+                    raise StepFailed(result)
+            forked = await prepared.fork(n)
+        return Group(self, [Session(self, info["session_id"], runner) for info in forked["sessions"]], forked["notes"])
+
     @contextlib.asynccontextmanager
     async def session(self, runner: str = "python", **fields: Any) -> AsyncIterator[Session]:
         info = await self.create_session(runner, **fields)
@@ -149,3 +182,37 @@ class Session:
 
     async def run_python(self, code: str, **fields: Any) -> dict[str, Any]:
         return await self.client.run_python(code, session_id=self.session_id, **fields)
+
+    async def fork(self, n: int, **fields: Any) -> dict[str, Any]:
+        """``n`` copies of this session's state now; the answer (``sessions``, ``notes``)."""
+        return await self.client.fork_session(self.session_id, n, **fields)
+
+    async def forks(self, n: int, **fields: Any) -> list[Session]:
+        """``n`` copies as session objects (close each, or gather them in a ``Group``)."""
+        answer = await self.fork(n, **fields)
+        return [Session(self.client, info["session_id"], self.runner) for info in answer["sessions"]]
+
+    async def close(self) -> None:
+        await self.client.close_session(self.session_id)
+
+
+class Group:
+    """G sessions from one prepared state: step them all, collect, close (``async with`` closes)."""
+
+    def __init__(self, client: SandboxClient, sessions: list[Session], notes: list[str]) -> None:
+        self.client, self.sessions, self.notes = client, sessions, notes
+
+    async def __aenter__(self) -> Group:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def step(self, actions: list[dict[str, Any]], **fields: Any) -> list[dict[str, Any]]:
+        """One action per member, concurrently; results in member order."""
+        if len(actions) != len(self.sessions):
+            raise ValueError(f"{len(actions)} actions for a group of {len(self.sessions)}")
+        return list(await asyncio.gather(*(s.step(a, **fields) for s, a in zip(self.sessions, actions, strict=True))))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self.sessions), return_exceptions=True)

@@ -85,6 +85,9 @@ class NodeSettings(BaseSettings):
     max_batch: int = Field(1024, ge=1, description="Most steps in one POST /rollout/steps.")
     session_ttl_s: float = Field(3600.0, gt=0, description="A session is closed this long after it was created.")
     session_idle_s: float = Field(600.0, gt=0, description="A session is closed after this long without a step.")
+    fork_max_copies: int = Field(
+        64, ge=1, le=1024, description="Most copies one POST /sessions/{id}/fork may ask for (a GRPO group)."
+    )
     reap_interval_s: float = Field(1.0, gt=0, description="How often expired sessions are looked for.")
     idempotency_ttl_s: float = Field(
         900.0, gt=0, description="How long a result is kept for retries with the same idempotency_key."

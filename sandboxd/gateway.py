@@ -22,7 +22,15 @@ from urllib.parse import quote
 import orjson
 from pydantic import BaseModel
 
-from sandboxd.api.models import ErrorInfo, SessionCreate, SessionInfo, StepRequest, StepResult
+from sandboxd.api.models import (
+    ErrorInfo,
+    ForkResult,
+    SessionCreate,
+    SessionFork,
+    SessionInfo,
+    StepRequest,
+    StepResult,
+)
 from sandboxd.cluster.forward import CALLER
 from sandboxd.cluster.service import Cluster, raise_for
 from sandboxd.config import NodeSettings, make_runtime_dir
@@ -464,6 +472,75 @@ class Gateway:
                 del self._opening_by_tenant[tenant]
         self.metrics.sessions.labels(req.runner).set(await self.sessions.count(req.runner))
         return SessionInfo.model_validate(rec.describe())
+
+    async def fork_session(self, session_id: str, req: SessionFork, tenant: str) -> ForkResult:
+        """``req.n`` new sessions, each from a copy of ``session_id``'s state now, on its worker; all or none.
+
+        The source must be idle: a fork of a session mid-step is a 409 (its state is not a state yet). While
+        the copies are made the source is held busy, so no step can change it under the copy. Each copy
+        counts against the tenant's session quota and its worker's session cap like any session.
+        """
+        if self._remote(session_id):
+            path = f"/sessions/{quote(session_id, safe='')}/fork"
+            data = await self._forward(session_id, tenant, "fork", "POST", path, req.model_dump(exclude_none=True))
+            return ForkResult.model_validate(data)
+        if self.draining:
+            raise ShuttingDown("this node is shutting down; it makes no new sessions")
+        s = self.settings
+        if req.n > s.fork_max_copies:
+            raise BadRequest(f"n: {req.n} copies; this node makes at most fork_max_copies {s.fork_max_copies}")
+        rec = await self.sessions.get(session_id, tenant)
+        kind = self.kind(rec.runner)
+        if kind.no_fork:
+            raise BadRequest(kind.no_fork)
+        if session_id in self._busy:
+            raise SessionBusy(
+                f"session {session_id} is running a step; fork it when the step has answered", session_id=session_id
+            )
+        held = await self.sessions.count(tenant=tenant) + self._opening_by_tenant[tenant]
+        if held + req.n > s.tenant_max_sessions:
+            raise Saturated(
+                f"this tenant holds {held} sessions; {req.n} copies would pass tenant_max_sessions "
+                f"{s.tenant_max_sessions}",
+                retry_after_s=5.0,
+            )
+        worker = self.supervisor.workers[rec.worker]
+        if worker.generation != rec.generation or not worker.alive:
+            await self.sessions.mark_lost(session_id, f"worker {rec.worker} was replaced")
+            raise SessionLost(f"session {session_id} was lost: its worker was replaced", session_id=session_id)
+        ttl = min(req.ttl_s or s.session_ttl_s, s.session_ttl_s)
+        idle = min(req.idle_timeout_s or s.session_idle_s, s.session_idle_s)
+        new_ids = [new_session_id(self.node_id) for _ in range(req.n)]
+        self._busy.add(session_id)
+        self._opening_by_tenant[tenant] += req.n
+        self._opening_by_worker[(rec.runner, rec.worker)] += req.n
+        recorded: list[str] = []
+        try:
+            answer = await worker.call("fork", runner=rec.runner, session_id=session_id, new_ids=new_ids)
+            try:
+                for sid in new_ids:
+                    await self.sessions.put(
+                        SessionRecord(sid, rec.runner, tenant, self.node_id, worker.index, worker.generation, ttl, idle)
+                    )
+                    recorded.append(sid)
+            except SandboxdError:  # not recorded (Redis): none of the group may outlive the refusal
+                for sid in recorded:
+                    await self.sessions.remove(sid, "its fork failed")
+                for sid in new_ids:
+                    with contextlib.suppress(SandboxdError):
+                        await worker.call("close", runner=rec.runner, session_id=sid)
+                raise
+        finally:
+            self._busy.discard(session_id)
+            self._opening_by_worker[(rec.runner, rec.worker)] -= req.n
+            self._opening_by_tenant[tenant] -= req.n
+            if not self._opening_by_tenant[tenant]:
+                del self._opening_by_tenant[tenant]
+        await self.sessions.touch(session_id, stepped=False)
+        self.metrics.sessions.labels(rec.runner).set(await self.sessions.count(rec.runner))
+        self.metrics.forks.labels(rec.runner).inc()
+        infos = [SessionInfo.model_validate((await self.sessions.get(sid, tenant)).describe()) for sid in new_ids]
+        return ForkResult(source_id=session_id, sessions=infos, notes=list(answer.get("notes") or []))
 
     async def session_info(self, session_id: str, tenant: str) -> SessionInfo:
         if self._remote(session_id):

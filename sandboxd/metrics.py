@@ -83,6 +83,9 @@ class Metrics:
         self.worker_restarts = Counter(
             "sandboxd_worker_restarts_total", "Workers replaced after dying or hanging", registry=r
         )
+        self.forks = Counter(
+            "sandboxd_forks_total", "Sessions forked (one per fork, whatever its n)", ["runner"], registry=r
+        )
         self.forwarded = Counter(
             "sandboxd_forwarded_total",
             "Session requests forwarded to the node that owns the session, by operation and outcome "

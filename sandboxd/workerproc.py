@@ -22,13 +22,13 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sandboxd import ipc
 from sandboxd.config import NodeSettings, settings_model
-from sandboxd.errors import InfraError, SandboxdError, UnknownRunner
+from sandboxd.errors import BadRequest, InfraError, SandboxdError, UnknownRunner
 from sandboxd.registry import kinds
-from sandboxd.runners.base import Runner, RunnerContext, RunnerKind, StepLimits
+from sandboxd.runners.base import ForkingRunner, Runner, RunnerContext, RunnerKind, StepLimits, can_fork
 
 log = logging.getLogger("sandboxd.worker")
 
@@ -118,6 +118,12 @@ class Worker:
         if op == "close":
             await self.runner(msg["runner"]).close_session(msg["session_id"])
             return None
+        if op == "fork":
+            runner = self.runner(msg["runner"])
+            if not can_fork(runner):
+                raise BadRequest(f"{msg['runner']} sessions cannot be forked")
+            notes: list[str] = await cast(ForkingRunner, runner).fork_session(msg["session_id"], msg["new_ids"])
+            return {"notes": notes}
         if op == "ping":
             return {"pid": os.getpid(), "runners": {k: await r.health() for k, r in self.runners.items()}}
         raise InfraError(f"unknown worker op {op!r}")

@@ -321,3 +321,50 @@ def test_nothing_is_left_running_after_the_node_stops(tmp_path: Path) -> None:
 
         time.sleep(0.1)
     assert chromium_pids(marker) == []
+
+
+async def test_fork_copies_cookies_storage_and_url_and_nothing_else(http: httpx.AsyncClient) -> None:
+    plant: list[dict[str, Any]] = [
+        {"action": "goto", "path": "/plant.html", "site": "hostile"},
+        {"action": "wait_for", "ms": 100},
+    ]
+    read: list[dict[str, Any]] = [
+        {"action": "goto", "path": "/read.html", "site": "hostile"},
+        {"action": "wait_for", "selector": "#out:not(:empty)"},
+        {"action": "text", "selector": "#out"},
+    ]
+    held = (await http.get("/readyz")).json()["sessions"]
+    src = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
+    copies: list[str] = []
+    try:
+        assert (await browse(http, plant, src))["ok"]
+        assert values(await browse(http, read, src))[2].startswith("planted|planted|k=planted|planted|1")
+        r = await http.post(f"/sessions/{src}/fork", json={"n": 2})
+        assert r.status_code == 201, r.text
+        copies = [s["session_id"] for s in r.json()["sessions"]]
+        assert "JavaScript" in r.json()["notes"][0]
+        where = await browse(http, [{"action": "text", "selector": "title"}], copies[0])
+        assert where["observation"]["url"].endswith("/read.html")  # the source's URL, loaded again
+        for sid in copies:
+            # cookies, localStorage and sessionStorage copied; window.name (live JS state) and IndexedDB not
+            got = values(await browse(http, read, sid))[2].split("|")
+            assert got[:4] == ["planted", "planted", "k=planted", ""] and got[4] == "0", got
+        # Diverge: a cart in one copy is in no other context.
+        assert (await browse(http, ADD, copies[0]))["ok"]
+        assert "monitor go 7" in values(await browse(http, CART, copies[0]))[1]
+        assert values(await browse(http, CART, copies[1]))[1] == ""
+        assert values(await browse(http, CART, src))[1] == ""
+        # The worker's cap (4): 3 held, 2 more copies do not fit, and none is made.
+        full = await http.post(f"/sessions/{src}/fork", json={"n": 2})
+        assert full.status_code == 429 and "cap" in full.json()["error"]["message"], full.text
+        assert (await http.get("/readyz")).json()["sessions"] == held + 3
+        # Mid-step: refused, clearly, and the step is unharmed.
+        slow = asyncio.create_task(browse(http, [{"action": "wait_for", "ms": 2500, "timeout_ms": 5000}], src))
+        await asyncio.sleep(0.8)
+        busy = await http.post(f"/sessions/{src}/fork", json={"n": 1})
+        assert busy.status_code == 409 and busy.json()["error"]["code"] == "session_busy", busy.text
+        assert (await slow)["ok"]
+    finally:
+        for sid in [src, *copies]:
+            await http.delete(f"/sessions/{sid}")
+    assert (await http.get("/readyz")).json()["sessions"] == held

@@ -153,6 +153,28 @@ async def test_idempotent_retries_across_nodes_run_once(nodes: list[NodeProcess]
         assert (await c2.delete(f"/sessions/{sid}")).status_code == 204
 
 
+async def test_fork_through_another_node(nodes: list[NodeProcess]) -> None:
+    n1, n2, _ = nodes
+    async with client(n1) as c1, client(n2) as c2, client(n2, KEY_B) as other:
+        sid = (await c1.post("/sessions", json={"runner": "textgame"})).json()["session_id"]
+        await c2.post(
+            "/rollout/step", json={"runner": "textgame", "session_id": sid, "action": {"op": "reset", "seed": 5}}
+        )
+        r = await c2.post(f"/sessions/{sid}/fork", json={"n": 3})
+        assert r.status_code == 201, r.text
+        copies = [s["session_id"] for s in r.json()["sessions"]]
+        assert all(c.endswith(".n1") for c in copies)  # copies live with their source's state, on its node
+        look = {"runner": "textgame", "action": {"op": "step", "command": "look"}}
+        seen = [(await c2.post("/rollout/step", json={**look, "session_id": c})).json()["observation"] for c in copies]
+        assert all(o == seen[0] for o in seen) and seen[0]["steps"] == 1
+        assert (await other.post(f"/sessions/{sid}/fork", json={"n": 1})).status_code == 404
+        py_sid = (await c1.post("/sessions", json={"runner": "python"})).json()["session_id"]
+        r = await c2.post(f"/sessions/{py_sid}/fork", json={"n": 1})
+        assert r.status_code == 422 and "cannot be forked" in r.json()["error"]["message"]
+        for x in [sid, py_sid, *copies]:
+            assert (await c2.delete(f"/sessions/{x}")).status_code == 204
+
+
 async def test_redis_down_one_shots_run_sessions_503_then_recover(
     nodes: list[NodeProcess], redis_server: RedisServer
 ) -> None:

@@ -30,6 +30,7 @@ OPERATIONS = [
     "POST /sessions",
     "GET /sessions/{session_id}",
     "DELETE /sessions/{session_id}",
+    "POST /sessions/{session_id}/fork",
     "GET /runners",
     "GET /runners/{kind}",
     "GET /healthz",

@@ -119,6 +119,22 @@ class SessionInfo(BaseModel):
     steps: int
 
 
+class SessionFork(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(..., ge=1, le=1024, description="How many copies (at most the node's fork_max_copies).")
+    ttl_s: float | None = Field(None, gt=0, description="Each copy's lifetime (at most the node's session_ttl_s).")
+    idle_timeout_s: float | None = Field(None, gt=0, description="Each copy's idle timeout (at most the node's).")
+
+
+class ForkResult(BaseModel):
+    source_id: str = Field(..., description="The session that was copied; it goes on untouched.")
+    sessions: list[SessionInfo] = Field(..., description="The copies, each a session of its own.")
+    notes: list[str] = Field(
+        default_factory=list, description="What the runner could not copy (e.g. a page's live JavaScript state)."
+    )
+
+
 class ErrorBody(BaseModel):
     """Every error of the native surface, whatever its status: the shape of a failed step result."""
 
@@ -137,8 +153,8 @@ STEP_STATUSES = {
     422: "invalid request or action; the message names each field (client)",
     429: "saturated: queue, session cap or tenant quota full; Retry-After (infra)",
     500: "a bug of sandboxd's (infra)",
-    502: "the worker running the step died (infra)",
-    503: "sandbox set-up failed, or the node is draining or at max_connections (infra)",
+    502: "the worker running the step died, or the session's node did not answer a forward (infra)",
+    503: "sandbox set-up failed, the node is draining or at max_connections, or Redis is down (infra)",
     504: "waited in the queue past the deadline (infra)",
 }
 

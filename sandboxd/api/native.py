@@ -14,7 +14,9 @@ from sandboxd.api.auth import Auth
 from sandboxd.api.models import (
     BatchRequest,
     BatchResult,
+    ForkResult,
     SessionCreate,
+    SessionFork,
     SessionInfo,
     StepRequest,
     StepResult,
@@ -69,6 +71,20 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     )
     async def get_session(session_id: str, tenant: Tenant) -> Response:
         return json_response((await gateway.session_info(session_id, tenant)).model_dump())
+
+    @api.post(
+        "/sessions/{session_id}/fork",
+        response_model=ForkResult,
+        status_code=201,
+        responses=error_responses(*COMMON, 404, 409, 410, 429, 502, 503),
+        tags=["sessions"],
+    )
+    async def fork_session(session_id: str, req: SessionFork, tenant: Tenant) -> Response:
+        """``n`` new sessions, each starting from a copy of this session's state now (a GRPO group's shared
+        prefix); the source goes on untouched. All or none: 429 when the quota or a cap cannot take all ``n``.
+        ``notes`` says what could not be copied. 422 for kinds whose sessions cannot be forked, saying why."""
+        result = await gateway.fork_session(session_id, req, tenant)
+        return json_response(result.model_dump(), 201)
 
     @api.delete("/sessions/{session_id}", status_code=204, responses=error_responses(*COMMON, 404), tags=["sessions"])
     async def delete_session(session_id: str, tenant: Tenant) -> Response:

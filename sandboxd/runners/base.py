@@ -144,6 +144,32 @@ class Runner(Protocol):
         ...
 
 
+class ForkingRunner(Runner, Protocol):
+    """A runner whose sessions can be forked: the optional capability behind ``POST /sessions/{id}/fork``."""
+
+    async def fork_session(self, source_id: str, new_ids: list[str]) -> list[str]:
+        """Open ``new_ids``, each starting from a copy of ``source_id``'s state; the source goes on untouched.
+
+        All or nothing: at the session cap (``Saturated``) or on any failure no copy is left open. Returns
+        notes on what could not be copied (e.g. a page's live JavaScript state), for the client to read.
+        """
+        ...
+
+
+def can_fork(runner: Runner) -> bool:
+    return callable(getattr(runner, "fork_session", None))
+
+
+def refuse_fork_at_cap(kind: str, held: int, n: int, cap: int, session_id: str) -> None:
+    """A group of copies fits whole or not at all: a partial GRPO group is no group."""
+    if held + n > cap:
+        raise Saturated(
+            f"{kind} sessions on this worker: {held} held + {n} copies would pass its cap of {cap}",
+            retry_after_s=5.0,
+            session_id=session_id,
+        )
+
+
 AdmitHook = Callable[[Any, StepLimits, Any], None]
 
 
@@ -169,6 +195,8 @@ class RunnerKind:
     admit: AdmitHook | None = None
     describe: Callable[[], dict[str, Any]] | None = None
     session_options: type[BaseModel] | None = None
+    # Why this kind's sessions cannot be forked, when its runner has no ``fork_session`` (a 422 says it).
+    no_fork: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def runner_class(self) -> Callable[[Any, RunnerContext], Runner]:

@@ -34,7 +34,14 @@ from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from sandboxd.errors import BadRequest, SandboxSetupError, SessionLost, UnknownSession
-from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
+from sandboxd.runners.base import (
+    ProgramFailure,
+    RunnerContext,
+    StepLimits,
+    StepOutcome,
+    refuse_at_session_cap,
+    refuse_fork_at_cap,
+)
 from sandboxd.runners.browser import models as m
 from sandboxd.runners.browser.config import BrowserRunnerConfig
 from sandboxd.runners.browser.jail import write_launcher
@@ -484,6 +491,69 @@ class BrowserRunner:
         tab = await self._take_tab()
         tab.site = opts.site
         self.sessions[session_id] = tab
+
+    async def fork_session(self, source_id: str, new_ids: list[str]) -> list[str]:
+        """Each copy: a fresh context with the source's cookies, every site origin's localStorage and the
+        current origin's sessionStorage, then the source's URL loaded again. A page's live JavaScript heap
+        (variables, timers, unsent form input, scroll position) and its history cannot be copied between
+        contexts: the response says so."""
+        src = self.sessions.get(source_id)
+        if src is None:
+            raise UnknownSession(f"no browser session {source_id}", session_id=source_id)
+        refuse_fork_at_cap("browser", len(self.sessions), len(new_ids), self.cfg.max_sessions_per_worker, source_id)
+        async with src.lock:
+            try:
+                state = await src.context.storage_state()
+                url = src.page.url
+                origin = self.sites.origin_of(url)
+                session_items = await src.page.evaluate("Object.entries(sessionStorage)") if origin else []
+            except PlaywrightError as exc:
+                raise SessionLost(f"browser session {source_id} did not answer: {_short(exc.message)}") from exc
+        made: list[Tab] = []
+        try:
+            for _ in new_ids:  # one after the other: each load is Chromium's work, and Chromium has the CPUs
+                tab = await self._take_tab()
+                made.append(tab)
+                await self._restore(tab, src.site, state, url, origin, session_items)
+        except (PlaywrightError, TimeoutError) as exc:
+            for tab in made:
+                await self._dispose(tab)
+            message = exc.message if isinstance(exc, PlaywrightError) else "timed out"
+            raise SandboxSetupError(f"browser {self.name}: a copy could not be made: {_short(message)}") from exc
+        except BaseException:
+            for tab in made:
+                await self._dispose(tab)
+            raise
+        for sid, tab in zip(new_ids, made, strict=True):
+            self.sessions[sid] = tab
+        return [
+            f"each copy loaded {url} again with the source's cookies, localStorage and sessionStorage; the "
+            "page's live JavaScript state (variables, timers, unsent form input, scroll position) and its "
+            "history were not copied"
+        ]
+
+    async def _restore(
+        self, tab: Tab, site: str, state: Any, url: str, origin: str | None, session_items: list[list[str]]
+    ) -> None:
+        tab.site = site
+        async with asyncio.timeout(RESET_TIMEOUT_S):
+            if state.get("cookies"):
+                await tab.context.add_cookies(state["cookies"])
+            for entry in state.get("origins", []):
+                if self.sites.origin_of(entry["origin"]) is None:
+                    continue  # only our sites can have stored anything; never load another origin
+                await tab.page.goto(entry["origin"] + BLANK_PATH, wait_until="commit")
+                await tab.page.evaluate(
+                    "items => { for (const it of items) localStorage.setItem(it.name, it.value) }",
+                    entry.get("localStorage", []),
+                )
+            if origin is not None:
+                await tab.page.goto(origin + BLANK_PATH, wait_until="commit")
+                await tab.page.evaluate(
+                    "items => { for (const [k, v] of items) sessionStorage.setItem(k, v) }", session_items
+                )
+                await tab.page.goto(url, wait_until="load")
+            tab.title = None
 
     async def close_session(self, session_id: str) -> None:
         tab = self.sessions.pop(session_id, None)

@@ -7,10 +7,18 @@ game (it costs a step and says so in the observation), not an HTTP error.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from sandboxd.errors import BadRequest, UnknownSession
-from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
+from sandboxd.runners.base import (
+    ProgramFailure,
+    RunnerContext,
+    StepLimits,
+    StepOutcome,
+    refuse_at_session_cap,
+    refuse_fork_at_cap,
+)
 from sandboxd.runners.textgame.config import TextgameRunnerConfig
 from sandboxd.runners.textgame.models import (
     EpisodeBatch,
@@ -79,6 +87,17 @@ class TextgameRunner:
         if session_id not in self.sessions:
             refuse_at_session_cap("textgame", len(self.sessions), self.cfg.max_sessions_per_worker, session_id)
             self.sessions[session_id] = None
+
+    async def fork_session(self, source_id: str, new_ids: list[str]) -> list[str]:
+        """The world and its RNG, deep-copied: each copy plays on from the same state and draws the same
+        numbers the source would, until their commands differ."""
+        if source_id not in self.sessions:
+            raise UnknownSession(f"no textgame session {source_id}", session_id=source_id)
+        refuse_fork_at_cap("textgame", len(self.sessions), len(new_ids), self.cfg.max_sessions_per_worker, source_id)
+        world = self.sessions[source_id]
+        for sid in new_ids:
+            self.sessions[sid] = copy.deepcopy(world)
+        return []
 
     async def close_session(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)

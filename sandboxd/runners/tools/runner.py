@@ -10,7 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.errors import UnknownSession
-from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
+from sandboxd.runners.base import (
+    ProgramFailure,
+    RunnerContext,
+    StepLimits,
+    StepOutcome,
+    refuse_at_session_cap,
+    refuse_fork_at_cap,
+)
 from sandboxd.runners.tools import data
 from sandboxd.runners.tools.config import ToolsRunnerConfig
 from sandboxd.runners.tools.models import ToolAction, ToolObservation
@@ -56,6 +63,16 @@ class ToolsRunner:
         if session_id not in self.sessions:
             refuse_at_session_cap("tools", len(self.sessions), self.cfg.max_sessions_per_worker, session_id)
             self.sessions[session_id] = self._overlay()
+
+    async def fork_session(self, source_id: str, new_ids: list[str]) -> list[str]:
+        """The session's overlay copied (its own records and counters); the seeded base stays shared."""
+        source = self.sessions.get(source_id)
+        if source is None:
+            raise UnknownSession(f"no tools session {source_id}", session_id=source_id)
+        refuse_fork_at_cap("tools", len(self.sessions), len(new_ids), self.cfg.max_sessions_per_worker, source_id)
+        for sid in new_ids:
+            self.sessions[sid] = source.copy()
+        return []
 
     async def close_session(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)

@@ -13,6 +13,7 @@ learn from, not HTTP errors.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,12 @@ class Overlay:
     writes: int = 0
     max_records: int = 200  # a session's own copies and new records at most: its memory is bounded
     max_string_chars: int = 512  # in any argument: what a session writes stays in its overlay
+
+    def copy(self) -> Overlay:
+        """A fork's overlay: its own copies of this session's records; the seeded base is shared, read-only."""
+        return dataclasses.replace(
+            self, users=copy.deepcopy(self.users), orders=copy.deepcopy(self.orders), carts=copy.deepcopy(self.carts)
+        )
 
     def make_room(self) -> None:
         """Refuse a new record past ``max_records`` (the agent's error: a trajectory needs a few dozen)."""
