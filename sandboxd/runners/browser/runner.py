@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 LAUNCH_TIMEOUT_MS = 60_000
 CLOSE_TIMEOUT_S = 5.0
 TITLE_TIMEOUT_S = 0.5  # a hung page has no title worth waiting for
+FORK_PARALLEL = 4  # copies of one fork made at once
 RESET_TIMEOUT_S = 5.0  # a context that cannot be reset in this long is thrown away
 # What a page can write and read back: cleared between trajectories. Not "all": that also drops the
 # shader and code caches, which hold nothing of a page's and cost the next trajectory ~0.3 s of CPU.
@@ -510,21 +511,33 @@ class BrowserRunner:
             except PlaywrightError as exc:
                 raise SessionLost(f"browser session {source_id} did not answer: {_short(exc.message)}") from exc
         made: list[Tab] = []
-        try:
-            for _ in new_ids:  # one after the other: each load is Chromium's work, and Chromium has the CPUs
+        gate = asyncio.Semaphore(FORK_PARALLEL)
+
+        async def copy_one() -> Tab:
+            async with gate:
                 tab = await self._take_tab()
                 made.append(tab)
                 await self._restore(tab, src.site, state, url, origin, session_items)
-        except (PlaywrightError, TimeoutError) as exc:
-            for tab in made:
-                await self._dispose(tab)
-            message = exc.message if isinstance(exc, PlaywrightError) else "timed out"
-            raise SandboxSetupError(f"browser {self.name}: a copy could not be made: {_short(message)}") from exc
+                return tab
+
+        try:
+            # A few at a time: a copy mostly waits on its loads, but every load is work for the same Chromium.
+            results = await asyncio.gather(*(copy_one() for _ in new_ids), return_exceptions=True)
         except BaseException:
             for tab in made:
                 await self._dispose(tab)
             raise
-        for sid, tab in zip(new_ids, made, strict=True):
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:  # all or none: every copy made is thrown away
+            for tab in made:
+                await self._dispose(tab)
+            first = failed[0]
+            if isinstance(first, PlaywrightError | TimeoutError):
+                message = first.message if isinstance(first, PlaywrightError) else "timed out"
+                raise SandboxSetupError(f"browser {self.name}: a copy could not be made: {_short(message)}") from first
+            raise first
+        copies = [r for r in results if isinstance(r, Tab)]
+        for sid, tab in zip(new_ids, copies, strict=True):
             self.sessions[sid] = tab
         return [
             f"each copy loaded {url} again with the source's cookies, localStorage and sessionStorage; the "
