@@ -201,17 +201,20 @@ async def test_sessions_and_one_shots_share_no_storage(http: httpx.AsyncClient) 
         await http.delete(f"/sessions/{b}")
 
 
+# plant.html stores in every place a page can; read.html shows what it finds: local|session|cookie|name|dbs|history
+PLANT: list[dict[str, Any]] = [
+    {"action": "goto", "path": "/plant.html", "site": "hostile"},
+    {"action": "wait_for", "ms": 100},
+]
+READ: list[dict[str, Any]] = [
+    {"action": "goto", "path": "/read.html", "site": "hostile"},
+    {"action": "wait_for", "selector": "#out:not(:empty)"},
+    {"action": "text", "selector": "#out"},
+]
+
+
 async def test_one_shots_leave_nothing_for_the_next_one(http: httpx.AsyncClient) -> None:
-    plant: list[dict[str, Any]] = [
-        {"action": "goto", "path": "/plant.html", "site": "hostile"},
-        {"action": "wait_for", "ms": 100},
-    ]
-    read: list[dict[str, Any]] = [
-        {"action": "goto", "path": "/read.html", "site": "hostile"},
-        {"action": "wait_for", "selector": "#out:not(:empty)"},
-        {"action": "text", "selector": "#out"},
-        {"action": "back", "timeout_ms": 1000},
-    ]
+    plant, read = PLANT, [*READ, {"action": "back", "timeout_ms": 1000}]
     for _ in range(6):  # more than the pool holds: every pooled context gets planted, then read
         assert (await browse(http, plant))["http"] == 200
     for _ in range(6):
@@ -324,15 +327,7 @@ def test_nothing_is_left_running_after_the_node_stops(tmp_path: Path) -> None:
 
 
 async def test_fork_copies_cookies_storage_and_url_and_nothing_else(http: httpx.AsyncClient) -> None:
-    plant: list[dict[str, Any]] = [
-        {"action": "goto", "path": "/plant.html", "site": "hostile"},
-        {"action": "wait_for", "ms": 100},
-    ]
-    read: list[dict[str, Any]] = [
-        {"action": "goto", "path": "/read.html", "site": "hostile"},
-        {"action": "wait_for", "selector": "#out:not(:empty)"},
-        {"action": "text", "selector": "#out"},
-    ]
+    plant, read = PLANT, READ
     held = (await http.get("/readyz")).json()["sessions"]
     src = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
     copies: list[str] = []
