@@ -38,7 +38,7 @@ EXPOSE 8080
 # writes the node's cgroup tree. The programs never run as root: see docs/security.md.
 USER root
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s \
-  CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2).status != 200)"]
+  CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('SANDBOXD_PORT', '8080'); sys.exit(urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2).status != 200)"]
 ENTRYPOINT ["/usr/bin/tini", "-g", "--"]
 # Without API keys (SANDBOXD_API_KEYS_FILE, a mounted secret) the node refuses to serve 0.0.0.0.
 # Under gunicorn instead: ["gunicorn", "-c", "/etc/sandboxd/gunicorn.conf.py"] (copy deploy/gunicorn.conf.py).

@@ -25,7 +25,7 @@ from sandboxd.config import load_settings
 _settings = load_settings()
 
 wsgi_app = "sandboxd.app:create_app()"
-worker_class = "uvicorn_worker.UvicornWorker"
+worker_class = "sandboxd.serving.SandboxdWorker"  # uvicorn_worker.UvicornWorker with sandboxd's uvicorn options
 workers = 1
 bind = [f"[{_settings.host}]:{_settings.port}" if ":" in _settings.host else f"{_settings.host}:{_settings.port}"]
 # SIGTERM: the gateway stops taking work, the steps in flight finish (shutdown_grace_s), then the workers

@@ -34,14 +34,17 @@ def create_app(settings: NodeSettings | None = None) -> FastAPI:
     gateway = Gateway(settings)
     auth = Auth(settings)
     mcp = McpSurface(gateway, auth)
+    drain_token = ops.DrainToken(settings.port)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
+        drain_token.write()
         try:
             async with mcp.running():
                 yield
         finally:
+            drain_token.remove()
             await gateway.stop()
 
     app = FastAPI(
@@ -55,7 +58,7 @@ def create_app(settings: NodeSettings | None = None) -> FastAPI:
     app.include_router(fusion.router(gateway, auth))
     app.include_router(openenv.router(gateway, auth))
     app.router.routes.extend(mcp.routes)
-    app.include_router(ops.router(gateway, auth, protected=settings.auth_ops))
+    app.include_router(ops.router(gateway, auth, protected=settings.auth_ops, drain_token=drain_token))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)
 
     @app.exception_handler(HTTPException)

@@ -51,7 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"sandboxd serve: invalid settings:\n{exc}", file=sys.stderr)
         return EXIT_USAGE
-    from sandboxd.serving import DrainingServer
+    from sandboxd.serving import DrainingServer, uvicorn_options
 
     # Ours, before any library's: the MCP SDK calls logging.basicConfig (a Rich handler at INFO) when it is
     # not configured yet, which would override SANDBOXD_LOG_LEVEL for every sandboxd logger.
@@ -59,18 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
     app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,
-        loop="auto",
-        http="auto",
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
-        limit_concurrency=settings.max_connections,
-        timeout_keep_alive=30,
-    )
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, **uvicorn_options(settings))
     DrainingServer(config, app.state.gateway).run()
     return EXIT_OK
 
@@ -241,12 +230,21 @@ def _positive(text: str) -> float:
 def _drain(args: argparse.Namespace) -> int:
     """POST /drain, then wait until no step is in flight (and, with --sessions, no session is left)."""
     import time
+    from urllib.parse import urlsplit
 
     import httpx
 
+    from sandboxd.api.ops import DRAIN_TOKEN_HEADER, drain_token_path
+
     deadline = time.monotonic() + args.timeout
+    token_file = drain_token_path(urlsplit(args.url).port or 80)
     try:
-        r = httpx.post(f"{args.url}/drain", timeout=10)
+        token = token_file.read_text()
+    except OSError as exc:
+        print(f"drain: cannot read the node's drain token {token_file}: {exc.strerror}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        r = httpx.post(f"{args.url}/drain", headers={DRAIN_TOKEN_HEADER: token}, timeout=10)
     except httpx.HTTPError as exc:
         print(f"drain: {args.url} did not answer: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -114,6 +114,12 @@ class NodeSettings(BaseSettings):
     max_body_bytes: int = Field(
         64 << 20, ge=1024, description="Largest request body; refused with 413 while it is being read, not after."
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A connection must finish each request's headers this long after it opened (or the request "
+        "began), or it is closed: idle connections cannot fill max_connections.",
+    )
     body_timeout_s: float = Field(
         30.0, gt=0, description="A request body that stalls this long between chunks is refused with 408."
     )

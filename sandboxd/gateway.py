@@ -36,6 +36,7 @@ from sandboxd.cluster.service import Cluster, raise_for
 from sandboxd.config import NodeSettings, make_runtime_dir
 from sandboxd.errors import (
     BadRequest,
+    InfraError,
     PayloadTooLarge,
     SandboxdError,
     Saturated,
@@ -55,6 +56,8 @@ from sandboxd.stores.sessions import MemorySessionStore, SessionRecord, SessionS
 from sandboxd.supervisor import Supervisor, WorkerHandle
 
 log = logging.getLogger("sandboxd.gateway")
+FORWARD_TIMEOUT_S = 30.0  # a forwarded request's own budget beyond any step time (session info, close)
+FORK_FORWARD_TIMEOUT_S = 300.0  # a fork of many browser copies loads a page per copy
 
 
 def as_json(value: Any, what: str) -> bytes:
@@ -257,9 +260,11 @@ class Gateway:
                     f"(tenant_max_inflight {self.settings.tenant_max_inflight})",
                     retry_after_s=1.0,
                 )
+            # Admitted here first: what the client sent is judged (and refused as the client's) where it
+            # arrived, never re-encoded into a server error on the way to the owner, nor carried there whole.
+            action, limits = self.admit(req)
             if req.session_id is not None and self._remote(req.session_id):
                 return await self._forward_step(req, tenant, start)
-            action, limits = self.admit(req)
             if req.idempotency_key:
                 fp = fingerprint(req.model_dump(exclude={"idempotency_key"}))
                 result: StepResult = await self.idem.run(
@@ -283,10 +288,19 @@ class Gateway:
         """Owned by another node, and not already forwarded here by one (a forward is never forwarded)."""
         return self.cluster is not None and not self.cluster.owns(session_id) and CALLER.get().forwarded_by is None
 
-    async def _forward(self, session_id: str, tenant: str, op: str, method: str, path: str, body: Any = None) -> Any:
+    async def _forward(
+        self,
+        session_id: str,
+        tenant: str,
+        op: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout_s: float = FORWARD_TIMEOUT_S,
+    ) -> Any:
         assert self.cluster is not None
         try:
-            status, data = await self.cluster.forward(session_id, tenant, method, path, body)
+            status, data = await self.cluster.forward(session_id, tenant, method, path, body, timeout_s)
         except SandboxdError as exc:
             self.metrics.forwarded.labels(op, exc.code).inc()
             raise
@@ -298,9 +312,10 @@ class Gateway:
     async def _forward_step(self, req: StepRequest, tenant: str, start: float) -> StepResult:
         """The owner's answer as it gave it (its idempotency, its blame); only the hop's own failures are ours."""
         assert req.session_id is not None
-        status, data = await self._forward(
-            req.session_id, tenant, "step", "POST", "/rollout/step", req.model_dump(mode="json", exclude_none=True)
-        )
+        # The owner may take the step's own time limit, and may queue it (a fork holding the session).
+        budget = (req.timeout_s or self.settings.default_timeout_s) + self.settings.queue_timeout_s + FORWARD_TIMEOUT_S
+        body = req.model_dump(mode="json", exclude_none=True)
+        status, data = await self._forward(req.session_id, tenant, "step", "POST", "/rollout/step", body, budget)
         if isinstance(data, dict) and "latency_ms" in data:
             result = StepResult.model_validate(data)
             result.status = status
@@ -413,7 +428,22 @@ class Gateway:
     async def batch(self, steps: list[StepRequest], tenant: str) -> list[StepResult]:
         if len(steps) > self.settings.max_batch:
             raise PayloadTooLarge(f"batch of {len(steps)} steps; this node takes at most {self.settings.max_batch}")
-        return list(await asyncio.gather(*(self.step(s, tenant) for s in steps)))
+        results = await asyncio.gather(*(self.step(s, tenant) for s in steps), return_exceptions=True)
+        out = []
+        for req, res in zip(steps, results, strict=True):
+            if isinstance(res, StepResult):
+                out.append(res)
+                continue
+            if isinstance(res, asyncio.CancelledError):
+                raise res
+            # A bug in one step must not lose the others' results (they ran): that step alone is an infra error.
+            log.error("a batch step failed: %r", res, exc_info=res)
+            out.append(
+                self._failed(
+                    req.runner, InfraError(f"internal error: {type(res).__name__}"), time.monotonic(), req.session_id
+                )
+            )
+        return out
 
     # ------------------------------------------------------------------ sessions
 
@@ -482,7 +512,8 @@ class Gateway:
         """
         if self._remote(session_id):
             path = f"/sessions/{quote(session_id, safe='')}/fork"
-            data = await self._forward(session_id, tenant, "fork", "POST", path, req.model_dump(exclude_none=True))
+            body = req.model_dump(exclude_none=True)
+            data = await self._forward(session_id, tenant, "fork", "POST", path, body, FORK_FORWARD_TIMEOUT_S)
             return ForkResult.model_validate(data)
         if self.draining:
             raise ShuttingDown("this node is shutting down; it makes no new sessions")

@@ -55,7 +55,7 @@ class Connection:
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{extra}"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
-        ).encode()
+        ).encode("latin-1")  # header bytes as the server decoded them (ASGI: latin-1), so they arrive unchanged
         for attempt in (0, 1):
             if self.writer is None:
                 await self.connect()

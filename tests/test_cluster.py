@@ -11,6 +11,7 @@ its heartbeat TTL, and nothing hangs meanwhile.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Iterator
 
@@ -122,6 +123,22 @@ async def test_session_stepped_through_every_node(nodes: list[NodeProcess]) -> N
         for bogus in ("s_nothing.n9", "s_nothing.n1", "s_x%2F..%2Fhealthz.n1", "nope"):
             r = await py(c2, "print(1)", bogus)
             assert r.status_code == 404, (bogus, r.text)
+
+        # What the client sent is judged where it arrived: JSON the node cannot carry on is a 422, not a 500,
+        # and in a batch it costs nothing to the other steps.
+        raw = b'{"runner": "python", "session_id": "SID", "action": {"code": "\\ud800"}}'.replace(b"SID", sid.encode())
+        r = await c2.post("/rollout/step", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 422 and r.json()["error"]["blame"] == "client", r.text
+        batch = {
+            "steps": [
+                {"runner": "python", "session_id": sid, "action": {"code": "print(x)"}},
+                {"runner": "python", "session_id": sid, "action": {"code": "1", "n": 2**70}},
+            ]
+        }
+        r = await c3.post("/rollout/steps", json=batch)
+        assert r.status_code == 200, r.text
+        got = r.json()["results"]
+        assert got[0]["observation"]["stdout"] == "42\n" and got[1]["status"] == 422, got
 
         # Closed through a third node; every node then says it is gone.
         assert (await c3.delete(f"/sessions/{sid}")).status_code == 204
@@ -260,6 +277,18 @@ async def test_killed_node_sessions_answer_410_everywhere(nodes: list[NodeProces
     async with client(n1) as c1, client(n2) as c2, client(n3) as c3:
         sid = (await c1.post("/sessions", json={"runner": "python"})).json()["session_id"]
         assert (await py(c2, "y = 1", sid)).json()["ok"]
+        # An owner whose heartbeat lapsed but whose process is there (its loop stalled, or stopped) is not
+        # lost: a forward waits for it and gets its answer.
+        n1.proc.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(TTL_S + 2 * HEARTBEAT_S)
+            pending = asyncio.create_task(py(c3, "print(y)", sid))
+            await asyncio.sleep(1.0)
+        finally:
+            n1.proc.send_signal(signal.SIGCONT)
+        r = await pending
+        assert r.status_code == 200 and r.json()["observation"]["stdout"] == "1\n", r.text
+        await until_peers(nodes, 3)
         n1.proc.kill()  # no goodbye: the heartbeat runs out
         n1.proc.wait()
         killed = time.monotonic()

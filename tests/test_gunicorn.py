@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,7 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def gunicorn(port: int, *extra: str, log: Path | None = None) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
     env.update(
-        SANDBOXD_PORT=str(port), SANDBOXD_WORKERS="1", SANDBOXD_RUNNERS='["python"]', SANDBOXD_LOG_LEVEL="warning"
+        SANDBOXD_PORT=str(port),
+        SANDBOXD_WORKERS="1",
+        SANDBOXD_RUNNERS='["python"]',
+        SANDBOXD_LOG_LEVEL="warning",
+        SANDBOXD_HEADER_TIMEOUT_S="2",
     )
     out = log.open("wb") if log else None
     try:
@@ -44,6 +50,15 @@ async def test_node_under_gunicorn_serves_drains_and_stops(tmp_path: Path) -> No
     base = f"http://127.0.0.1:{port}"
     try:
         assert wait_ready(base, timeout_s=120, proc=proc), (tmp_path / "gunicorn.log").read_text()
+        # The image's HEALTHCHECK, as Docker runs it, against this node.
+        check = json.loads(
+            re.search(r"HEALTHCHECK [^\n]*\n\s*CMD (\[[^\n]*\])", (ROOT / "Dockerfile").read_text()).group(1)
+        )  # type: ignore[union-attr]
+        assert check[0] == "python"
+        env = {**os.environ, "SANDBOXD_PORT": str(port)}
+        assert subprocess.run([sys.executable, *check[1:]], env=env, timeout=30).returncode == 0
+        env["SANDBOXD_PORT"] = str(free_port())  # and it fails when nothing answers
+        assert subprocess.run([sys.executable, *check[1:]], env=env, timeout=30, capture_output=True).returncode != 0
         async with httpx.AsyncClient(base_url=base, timeout=60) as c:
             r = await c.post("/rollout/step", json={"runner": "python", "action": {"code": "print(6*7)"}})
             assert r.json()["observation"]["stdout"] == "42\n"
@@ -105,3 +120,27 @@ def test_drain_is_refused_from_off_the_node() -> None:
         r = c.post("/drain")
         assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
         assert c.get("/readyz").status_code == 200
+
+
+async def test_drain_needs_the_token_even_from_loopback(tmp_path: Path) -> None:
+    """A sidecar relays remote clients from 127.0.0.1: loopback alone must not drain a node."""
+    port = free_port()
+    proc = gunicorn(port, log=tmp_path / "g.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_ready(base, timeout_s=120, proc=proc)
+        async with httpx.AsyncClient(base_url=base, timeout=30) as c:
+            for headers in ({}, {"x-sandboxd-drain-token": "guess"}, {"x-forwarded-for": "127.0.0.1"}):
+                r = await c.post("/drain", headers=headers)
+                assert r.status_code == 403, r.text
+            assert (await c.get("/readyz")).status_code == 200
+            # Idle connections are closed at the header deadline, not kept until max_connections is full.
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                data = await asyncio.wait_for(reader.read(), 30)  # EOF when the node closes it
+                assert data == b""
+            finally:
+                writer.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import hmac
 import ipaddress
+import os
+import secrets
+import tempfile
+from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -13,8 +19,45 @@ from sandboxd.api.surface import json_response, native_error, surface_router
 from sandboxd.errors import Forbidden
 from sandboxd.gateway import Gateway
 
+DRAIN_TOKEN_HEADER = "x-sandboxd-drain-token"
 
-def router(gateway: Gateway, auth: Auth, protected: bool) -> APIRouter:
+
+def drain_token_path(port: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"sandboxd-drain-{port}.token"
+
+
+class DrainToken:
+    """A random token only processes on this machine (in this container) can read: the key to ``/drain``.
+
+    A peer address of 127.0.0.1 is not proof enough: a service-mesh sidecar relays every remote client
+    from loopback. The token file is 0600 in the node's own temp dir (an emptyDir no sidecar mounts);
+    ``sandboxd drain`` reads it.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.value = secrets.token_urlsafe(32)
+        self.path = drain_token_path(port) if port else None
+
+    def write(self) -> None:
+        if self.path is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # a token left by a node killed on this port
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.value)
+
+    def remove(self) -> None:
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                if self.path.read_text() == self.value:
+                    self.path.unlink()
+
+    def matches(self, given: str) -> bool:
+        return hmac.compare_digest(given.encode(), self.value.encode())
+
+
+def router(gateway: Gateway, auth: Auth, protected: bool, drain_token: DrainToken) -> APIRouter:
     """``protected``: probes and Prometheus must send a key too (``auth_ops``)."""
     api = surface_router(native_error, tags=["operations"], dependencies=[Depends(auth)] if protected else [])
 
@@ -33,14 +76,15 @@ def router(gateway: Gateway, auth: Auth, protected: bool) -> APIRouter:
     async def drain(request: Request) -> Response:
         """Stop taking new sessions and one-shot steps (503 ``shutting_down``, /readyz 503) while the steps in
         flight and the steps of live sessions go on: what a Kubernetes preStop hook runs (``sandboxd drain``)
-        before SIGTERM. Only from loopback: a tenant's key must not take a node out of service."""
+        before SIGTERM. Only from this machine with the node's drain token (``X-Sandboxd-Drain-Token``, read
+        from its token file): a tenant's key must not take a node out of service."""
         host = request.client.host if request.client else ""
         try:
             local = ipaddress.ip_address(host).is_loopback
         except ValueError:
             local = False
-        if not local:
-            raise Forbidden("POST /drain is only taken from this machine (loopback)")
+        if not local or not drain_token.matches(request.headers.get(DRAIN_TOKEN_HEADER, "")):
+            raise Forbidden("POST /drain is only taken from this machine, with the node's drain token (sandboxd drain)")
         gateway.begin_drain()
         return json_response(
             {"draining": True, "inflight": gateway.inflight, "sessions": await gateway.sessions.count()}

@@ -40,45 +40,67 @@ class PeerDown(Exception):
     """The request never reached the peer (it cannot have run there): safe to decide what to answer."""
 
 
+class PeerRefused(PeerDown):
+    """The peer's address refused the connection: nothing listens there, the process is gone."""
+
+
 class PeerFailed(Exception):
     """The request was sent but no answer came back: it may have run; the caller must not retry blindly."""
 
 
 class Forwarder:
-    """One pool of idle keep-alive connections per peer; a request takes one (or opens one) and gives it back."""
+    """Pooled keep-alive connections per peer, at most ``max_per_peer`` requests in flight to each.
 
-    def __init__(self, node_id: str, connect_timeout_s: float, read_timeout_s: float, max_idle: int) -> None:
+    The cap bounds what one tenant's burst through this node can open towards one owner (its own
+    connections and the owner's); requests past it wait their turn within their own timeout.
+    """
+
+    def __init__(self, node_id: str, connect_timeout_s: float, max_per_peer: int) -> None:
         self.node_id = node_id
         self.connect_timeout_s = connect_timeout_s
-        self.read_timeout_s = read_timeout_s
-        self.max_idle = max_idle
+        self.max_per_peer = max_per_peer
         self._idle: dict[str, list[Connection]] = {}
+        self._gates: dict[str, asyncio.Semaphore] = {}
 
-    async def send(self, peer: Peer, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        """The owner's status and JSON body (None for 204)."""
+    async def send(self, peer: Peer, method: str, path: str, body: Any, timeout_s: float) -> tuple[int, Any]:
+        """The owner's status and JSON body (None for 204), within ``timeout_s`` in all."""
         headers = {FORWARDED_BY: self.node_id}
         auth = CALLER.get().authorization
         if auth:
             headers["authorization"] = auth
+        gate = self._gates.setdefault(peer.url, asyncio.Semaphore(self.max_per_peer))
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with gate:
+                    return await self._send(peer, method, path, body, headers)
+        except TimeoutError:
+            raise PeerFailed(f"no answer within {timeout_s:g} s") from None
+
+    async def _send(self, peer: Peer, method: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
         idle = self._idle.setdefault(peer.url, [])
         conn = idle.pop() if idle else Connection(peer.url)
         if not conn.connected:
             try:
                 async with asyncio.timeout(self.connect_timeout_s):
                     await conn.connect()
+            except ConnectionRefusedError as exc:
+                await self._forget(peer.url)
+                raise PeerRefused(f"connection refused: {exc}") from None
             except (OSError, TimeoutError) as exc:
                 await self._forget(peer.url)
                 raise PeerDown(f"{type(exc).__name__}: {exc}") from None
         try:
-            async with asyncio.timeout(self.read_timeout_s):
-                status, data = await conn.request(method, path, body, headers)
+            status, data = await conn.request(method, path, body, headers)
         except BaseException as exc:
             await conn.close()  # mid-request: the connection's state is unknown
-            if isinstance(exc, OSError | TimeoutError | ValueError | asyncio.IncompleteReadError):
+            if isinstance(exc, ConnectionRefusedError):  # a pooled connection was dead, and so is the address
+                await self._forget(peer.url)
+                raise PeerRefused(f"connection refused: {exc}") from None
+            if isinstance(exc, OSError | ValueError | asyncio.IncompleteReadError):
                 await self._forget(peer.url)
                 raise PeerFailed(f"{type(exc).__name__}: {exc}") from None
             raise
-        if conn.connected and len(idle) < self.max_idle:
+        if conn.connected and len(idle) < self.max_per_peer:
             idle.append(conn)
         else:
             await conn.close()

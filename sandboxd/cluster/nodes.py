@@ -52,6 +52,7 @@ class NodeRegistry:
         self.ttl_s = ttl_s
         self.on_rejoin = on_rejoin
         self.peers: dict[str, Peer] = {}
+        self.known: dict[str, Peer] = {}  # the last entry of every node seen alive, kept after it expires
         self.seen: dict[str, float] = {}  # node id -> when a beat last found it alive (monotonic)
         self.fresh_at = 0.0  # when the registry was last read whole
         self.healthy = False
@@ -92,12 +93,14 @@ class NodeRegistry:
                 continue
             data = orjson.loads(raw)
             peers[node_id] = Peer(node_id, str(data["url"]), str(data["incarnation"]))
+            self.known[node_id] = peers[node_id]
             self.seen[node_id] = now
         gone = [n for n, at in self.seen.items() if n not in peers and now - at > 10 * self.ttl_s]
         if gone:  # long dead: stop listing them (their sessions' directory entries answer for them)
             await self.redis.call("prune the node registry", lambda r: r.srem(nodes_key, *gone))
             for n in gone:
                 self.seen.pop(n, None)
+                self.known.pop(n, None)
         self.peers = peers
         self.fresh_at = now
 
@@ -109,7 +112,7 @@ class NodeRegistry:
             return None
         data = orjson.loads(raw)
         peer = Peer(node_id, str(data["url"]), str(data["incarnation"]))
-        self.peers[node_id] = peer
+        self.peers[node_id] = self.known[node_id] = peer
         self.seen[node_id] = time.monotonic()
         return peer
 
@@ -122,8 +125,8 @@ class NodeRegistry:
         try:
             await self.beat()
             self.healthy = True
-        except StoreUnavailable as exc:
-            log.error("%s; the node starts alone and joins when Redis answers", exc.message)
+        except StoreUnavailable:
+            log.error("the shared store does not answer (%s); the node joins when it does", self.redis.last_error)
         self._task = asyncio.create_task(self._loop())
 
     async def _loop(self) -> None:
@@ -131,9 +134,13 @@ class NodeRegistry:
             await asyncio.sleep(self.interval_s)
             try:
                 await self.beat()
-            except StoreUnavailable as exc:
+            except StoreUnavailable:
                 if self.healthy:
-                    log.error("%s; session operations that need it answer 503 until it is back", exc.message)
+                    log.error(
+                        "the shared store does not answer (%s); session operations that need it answer 503 "
+                        "until it is back",
+                        self.redis.last_error,
+                    )
                 self.healthy = False
                 continue
             except Exception:  # a malformed entry must not stop the heartbeat: the node would look dead

@@ -14,7 +14,7 @@ import logging
 import secrets
 from typing import Any
 
-from sandboxd.cluster.forward import Forwarder, PeerDown, PeerFailed
+from sandboxd.cluster.forward import Forwarder, PeerDown, PeerFailed, PeerRefused
 from sandboxd.cluster.nodes import NodeRegistry, Peer
 from sandboxd.config import NodeSettings
 from sandboxd.errors import NodeUnreachable, SandboxdError, SessionLost, StoreUnavailable, UnknownSession, from_dict
@@ -43,7 +43,7 @@ class Cluster:
         self.registry = NodeRegistry(
             self.redis, self.me, settings.heartbeat_interval_s, settings.heartbeat_ttl_s, self._rejoined
         )
-        self.forwarder = Forwarder(self.node_id, settings.forward_connect_timeout_s, step_budget_s, max_idle=256)
+        self.forwarder = Forwarder(self.node_id, settings.forward_connect_timeout_s, max_per_peer=256)
         self.forwarded = 0
 
     async def _rejoined(self) -> None:
@@ -67,65 +67,72 @@ class Cluster:
     def owns(self, session_id: str) -> bool:
         return owner_of(session_id) in (None, self.node_id)
 
-    async def _gone(self, session_id: str, tenant: str, owner: str) -> SandboxdError:
-        """What to answer for a session whose owner is not registered: lost, unknown, or ask again."""
+    async def _gone(self, session_id: str, tenant: str, owner: str, process_gone: bool = False) -> SandboxdError:
+        """What to answer for a session whose owner is not there: lost, unknown, or ask again.
+
+        ``process_gone``: its address refused the connection, so whatever held the session is gone.
+        """
         try:
             raw = await self.redis.call("look up the session", lambda r: r.get(self.redis.key("sess", session_id)))
         except StoreUnavailable as exc:
-            return exc
+            if process_gone:
+                raw = None
+            else:
+                return exc
         entry = DirectoryEntry.loads(raw)
+        lost = SessionLost(
+            f"session {session_id} was lost: its node {owner} is gone, and its sandboxes with it",
+            session_id=session_id,
+        )
         if entry is not None and entry.tenant == tenant:
-            return SessionLost(
-                f"session {session_id} was lost: its node {owner} stopped (no heartbeat), and its sandboxes with it",
-                session_id=session_id,
-            )
+            return lost
         if entry is None and self.registry.recently_seen(owner):
-            # Alive one beat ago and nothing in the directory: Redis restarted empty and the owner has not
-            # re-published yet (it does at its next beat). Not a 404 the client would believe.
+            # Alive one beat ago and nothing in the directory: the store restarted empty (the owner
+            # re-publishes at its next beat) or was unreadable. Not a 404 the client would believe.
+            if process_gone:
+                return lost
             return StoreUnavailable(
-                f"node {owner} is re-registering after the shared store restarted; retry", session_id=session_id
+                f"node {owner} is re-registering with the shared store; retry", session_id=session_id
             )
         return UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
 
-    async def route(self, session_id: str, tenant: str) -> Peer:
-        """The live owner of ``session_id``; or the error its state calls for."""
+    async def forward(
+        self, session_id: str, tenant: str, method: str, path: str, body: Any = None, timeout_s: float = 30.0
+    ) -> tuple[int, Any]:
+        """Send a session request to its owner; its status and body. Errors of the hop itself are raised.
+
+        A node is lost when it cannot be reached, not merely when its heartbeat is late: an owner whose
+        entry expired (its event loop stalled past the TTL, or Redis restarted) is still tried at its last
+        known address, and its answer is the answer. Only a refused connection (nothing listens there: the
+        process that held the session is gone) or an unreachable node no longer registered is a 410.
+        """
         owner = owner_of(session_id)
         assert owner is not None and owner != self.node_id
-        peer = self.registry.peers.get(owner)
+        peer = self.registry.peers.get(owner) or self.registry.known.get(owner)
         if peer is None:
             if not self.registry.healthy:
                 raise StoreUnavailable(
-                    f"cannot tell where session {session_id} lives: the shared store (Redis at "
-                    f"{self.redis.where}) does not answer",
+                    f"cannot tell where session {session_id} lives: the shared store does not answer",
                     session_id=session_id,
                 )
             raise await self._gone(session_id, tenant, owner)
-        return peer
-
-    async def forward(self, session_id: str, tenant: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        """Send a session request to its owner; its status and body. Errors of the hop itself are raised."""
-        peer = await self.route(session_id, tenant)
         try:
-            status, data = await self.forwarder.send(peer, method, path, body)
+            status, data = await self.forwarder.send(peer, method, path, body, timeout_s)
+        except PeerRefused:
+            raise await self._gone(session_id, tenant, owner, process_gone=True) from None
         except PeerDown as exc:
-            # Never reached it: ask Redis now whether it is still registered (the last beat may be stale).
             try:
-                now = await self.registry.lookup(peer.node_id)
-            except StoreUnavailable as store:
-                raise NodeUnreachable(
-                    f"node {peer.node_id} owns session {session_id} and did not answer ({exc}); "
-                    f"and the shared store cannot say whether it is alive: {store.message}",
-                    session_id=session_id,
-                ) from None
-            if now is None:
-                raise await self._gone(session_id, tenant, peer.node_id) from None
+                registered = await self.registry.lookup(owner)
+            except StoreUnavailable:
+                registered = peer  # cannot tell: do not call it lost
+            if registered is None:
+                raise await self._gone(session_id, tenant, owner) from None
             raise NodeUnreachable(
-                f"node {peer.node_id} owns session {session_id} and is registered, but did not answer: {exc}",
-                session_id=session_id,
+                f"node {owner} owns session {session_id} and did not answer: {exc}", session_id=session_id
             ) from None
         except PeerFailed as exc:
             raise NodeUnreachable(
-                f"node {peer.node_id} owns session {session_id} and failed to answer the forwarded request: {exc}",
+                f"node {owner} owns session {session_id} and failed to answer the forwarded request: {exc}",
                 session_id=session_id,
             ) from None
         self.forwarded += 1

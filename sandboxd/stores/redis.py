@@ -36,7 +36,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from sandboxd.constants import LOST_SESSION_KEPT_S
-from sandboxd.errors import BadRequest, SessionLost, StoreUnavailable, UnknownSession
+from sandboxd.errors import BadRequest, DeadlineExceeded, SessionLost, StoreUnavailable, UnknownSession
 from sandboxd.stores.sessions import MemorySessionStore, SessionRecord
 
 log = logging.getLogger("sandboxd.stores.redis")
@@ -64,6 +64,7 @@ class SharedRedis:
             decode_responses=False,
         )
         self.errors = 0
+        self.last_error = ""
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -74,8 +75,10 @@ class SharedRedis:
                 return await fn(self.client)
         except (RedisError, OSError, TimeoutError) as exc:
             self.errors += 1
-            why = str(exc) or type(exc).__name__
-            raise StoreUnavailable(f"the shared store (Redis at {self.where}) failed to {what}: {why}") from None
+            self.last_error = f"Redis at {self.where}: {str(exc) or type(exc).__name__}"
+            log.debug("failed to %s: %s", what, self.last_error)
+            # The client learns what failed, not where the store lives (the node's log says).
+            raise StoreUnavailable(f"the shared store did not answer (to {what})") from None
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -228,19 +231,19 @@ class RedisIdempotencyStore:
                     continue  # the claim went (its run failed, or expired) between our two commands: try again
                 seen = orjson.loads(raw)
                 if seen.get("fp") != fp:
-                    name = key.rpartition(":")[2]
+                    name = key.split(":", 2)[-1]  # the client's own key, after "<tenant>:<what>:"
                     raise BadRequest(f"idempotency_key {name!r} was already used for a different request")
                 if seen.get("state") == "done":
                     self._hits += 1
                     return model.model_validate(seen["value"])
                 if time.monotonic() > deadline:
-                    node = seen.get("node")
-                    raise StoreUnavailable(f"idempotency key still claimed by node {node} after its claim TTL")
+                    raise DeadlineExceeded(
+                        f"the request first sent with idempotency_key {key.split(':', 2)[-1]!r} is still running "
+                        "after the longest a step may take; retry later"
+                    )
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, IDEM_POLL_S[1])
         except StoreUnavailable as exc:
-            if "claimed by node" in exc.message:
-                raise
             log.warning("%s; idempotency falls back to this node's memory until it answers", exc.message)
             return await self.fallback.run(key, fp, fn, keep, model)
         try:
