@@ -51,9 +51,9 @@ async def test_node_under_gunicorn_serves_drains_and_stops(tmp_path: Path) -> No
     try:
         assert wait_ready(base, timeout_s=120, proc=proc), (tmp_path / "gunicorn.log").read_text()
         # The image's HEALTHCHECK, as Docker runs it, against this node.
-        check = json.loads(
-            re.search(r"HEALTHCHECK [^\n]*\n\s*CMD (\[[^\n]*\])", (ROOT / "Dockerfile").read_text()).group(1)
-        )  # type: ignore[union-attr]
+        found = re.search(r"HEALTHCHECK [^\n]*\n\s*CMD (\[[^\n]*\])", (ROOT / "Dockerfile").read_text())
+        assert found is not None
+        check = json.loads(found.group(1))
         assert check[0] == "python"
         env = {**os.environ, "SANDBOXD_PORT": str(port)}
         assert subprocess.run([sys.executable, *check[1:]], env=env, timeout=30).returncode == 0
