@@ -98,6 +98,7 @@ class Gateway:
         self._reaper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._busy: set[str] = set()  # sessions with a step running: a second one is a 409, not a queue
+        self._forking: Counter[str] = Counter()  # sessions being copied: forks may overlap, steps may not
         self._tenant_inflight: Counter[str] = Counter()
         self._own_runtime_dir = not settings.runtime_dir
         self.inflight = 0
@@ -373,6 +374,10 @@ class Gateway:
                 f"session {session_id} is running a step; send the next one when it has answered",
                 session_id=session_id,
             )
+        if self._forking[session_id]:
+            raise SessionBusy(
+                f"session {session_id} is being forked; step it when the fork has answered", session_id=session_id
+            )
         self._busy.add(session_id)
         try:
             return await self._session_step_unlocked(rec, runner, call)
@@ -507,7 +512,8 @@ class Gateway:
         """``req.n`` new sessions, each from a copy of ``session_id``'s state now, on its worker; all or none.
 
         The source must be idle: a fork of a session mid-step is a 409 (its state is not a state yet). While
-        the copies are made the source is held busy, so no step can change it under the copy. Each copy
+        copies are made a step for the source is a 409 too, so none changes it under the copy; forks of one
+        source may overlap (they only read it). Each copy
         counts against the tenant's session quota and its worker's session cap like any session.
         """
         if self._remote(session_id):
@@ -542,7 +548,7 @@ class Gateway:
         ttl = min(req.ttl_s or s.session_ttl_s, s.session_ttl_s)
         idle = min(req.idle_timeout_s or s.session_idle_s, s.session_idle_s)
         new_ids = [new_session_id(self.node_id) for _ in range(req.n)]
-        self._busy.add(session_id)
+        self._forking[session_id] += 1
         self._opening_by_tenant[tenant] += req.n
         self._opening_by_worker[(rec.runner, rec.worker)] += req.n
         recorded: list[str] = []
@@ -562,7 +568,9 @@ class Gateway:
                         await worker.call("close", runner=rec.runner, session_id=sid)
                 raise
         finally:
-            self._busy.discard(session_id)
+            self._forking[session_id] -= 1
+            if not self._forking[session_id]:
+                del self._forking[session_id]
             self._opening_by_worker[(rec.runner, rec.worker)] -= req.n
             self._opening_by_tenant[tenant] -= req.n
             if not self._opening_by_tenant[tenant]:
