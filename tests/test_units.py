@@ -268,3 +268,37 @@ async def test_a_closed_engine_never_signals_the_fd_number_it_had(tmp_path: Path
         _theirs.close()
         bystander.kill()
         bystander.wait()
+
+
+def test_cgroup_v2_moves_the_node_into_a_leaf_when_its_group_holds_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cgroup v2 refuses controllers for children of a group with processes (EBUSY): the node's processes
+    move into <group>/node and the delegation is tried again. The kernel's side is simulated: this machine
+    mounts cgroup v1."""
+    import errno as errno_mod
+
+    from sandboxd.runners import cgroups
+
+    group = tmp_path / "pod"
+    group.mkdir()
+    (group / "cgroup.procs").write_text("1\n7\n")
+    writes: list[tuple[str, str]] = []
+    real_write = Path.write_text
+
+    def write_text(self: Path, data: str, *args: object, **kwargs: object) -> int:
+        writes.append((str(self.relative_to(tmp_path)), data))
+        if self == group / "cgroup.subtree_control" and not (group / "node").exists():
+            raise OSError(errno_mod.EBUSY, "Device or resource busy")
+        if self == group / "node" / "cgroup.procs":  # the kernel moves the process out of the parent
+            rest = [p for p in (group / "cgroup.procs").read_text().split() if p != data]
+            real_write(group / "cgroup.procs", "\n".join(rest))
+        return real_write(self, data)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    assert cgroups._delegate_controllers(group) is False
+    cgroups._move_into_leaf(group)
+    assert cgroups._delegate_controllers(group) is True
+    assert ("pod/node/cgroup.procs", "1") in writes and ("pod/node/cgroup.procs", "7") in writes
+    assert writes[-1] == ("pod/cgroup.subtree_control", "+memory +pids +cpu")
+    assert (group / "cgroup.procs").read_text().split() == []

@@ -14,6 +14,8 @@ at a time per slot the delta is unambiguous.
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import signal
 import time
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxd.errors import SandboxSetupError
+
+log = logging.getLogger("sandboxd.cgroups")
 
 V1_CONTROLLERS = ("memory", "pids")
 V1_OPTIONAL = ("cpu",)  # used where mounted: a CPU quota per sandbox
@@ -223,12 +227,47 @@ class CgroupRoot:
             raise SandboxSetupError(f"cannot create cgroup {name}: {exc}") from exc
         self.group = CgroupGroup(dirs, self.version)
         if self.version == 2:
-            parent = CgroupGroup({"unified": dirs["unified"].parent}, 2)
-            parent.enable_subtree()
+            own = dirs["unified"].parent
+            if not _delegate_controllers(own):
+                _move_into_leaf(own)  # cgroup v2: a group with processes cannot hand controllers to children
+                _delegate_controllers(own)
             self.group.enable_subtree()
 
     def slot(self, name: str) -> CgroupGroup:
         return self.group.child(name)
+
+
+def _delegate_controllers(group: Path) -> bool:
+    """memory, pids and cpu for ``group``'s children; False when the kernel says the group must be empty first."""
+    try:
+        (group / "cgroup.subtree_control").write_text("+memory +pids +cpu")
+        return True
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            return False
+        if exc.errno == errno.EINVAL:  # cpu not available here: memory and pids are what limits need
+            with contextlib.suppress(OSError):
+                (group / "cgroup.subtree_control").write_text("+memory +pids")
+        return True
+
+
+def _move_into_leaf(group: Path) -> None:
+    """Move every process of ``group`` into ``group/node`` (what container inits do under cgroup v2).
+
+    cgroup v2's no-internal-processes rule: a group other than the real root that holds processes cannot
+    enable controllers for its children. In a container with its own cgroup namespace the node's group is
+    such a group (it holds the node itself, tini, the workers), so sandboxd moves them all into a leaf first.
+    """
+    leaf = group / "node"
+    leaf.mkdir(exist_ok=True)
+    for _ in range(3):  # processes forked meanwhile land in the old group: move again
+        pids = [p for p in (group / "cgroup.procs").read_text().split() if p]
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                (leaf / "cgroup.procs").write_text(pid)
+    log.warning("cgroup %s still holds processes after moving them to %s", group, leaf)
 
 
 def detect_version(mount: Path = Path("/sys/fs/cgroup")) -> int:
