@@ -549,11 +549,17 @@ class Gateway:
         idle = min(req.idle_timeout_s or s.session_idle_s, s.session_idle_s)
         new_ids = [new_session_id(self.node_id) for _ in range(req.n)]
         self._forking[session_id] += 1
+        self.inflight += 1  # a shutdown waits for forks as for steps
         self._opening_by_tenant[tenant] += req.n
         self._opening_by_worker[(rec.runner, rec.worker)] += req.n
         recorded: list[str] = []
         try:
-            answer = await worker.call("fork", runner=rec.runner, session_id=session_id, new_ids=new_ids)
+            try:
+                answer = await worker.call("fork", runner=rec.runner, session_id=session_id, new_ids=new_ids)
+            except WorkerDied as exc:  # the source went with its worker, and no copy was made
+                why = f"worker {rec.worker} died during a fork"
+                await self.sessions.mark_lost(session_id, why)
+                raise SessionLost(f"session {session_id} was lost: {why}", session_id=session_id) from exc
             try:
                 for sid in new_ids:
                     await self.sessions.put(
@@ -568,6 +574,7 @@ class Gateway:
                         await worker.call("close", runner=rec.runner, session_id=sid)
                 raise
         finally:
+            self.inflight -= 1
             self._forking[session_id] -= 1
             if not self._forking[session_id]:
                 del self._forking[session_id]
@@ -610,7 +617,7 @@ class Gateway:
         while True:
             await asyncio.sleep(self.settings.reap_interval_s)
             for rec, why in await self.sessions.expired():
-                if why == "idle" and rec.session_id in self._busy:
+                if why == "idle" and (rec.session_id in self._busy or self._forking[rec.session_id]):
                     continue  # a session running a step is not idle, however long the step (its TTL still holds)
                 self.metrics.sessions_reaped.labels(why).inc()
                 await self._forget(rec.session_id, f"reaped ({why})")

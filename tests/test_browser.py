@@ -90,6 +90,13 @@ def node(tmp_path_factory: pytest.TempPathFactory, listener: Listener) -> Iterat
         "document.getElementById('out').textContent = [localStorage.getItem('k'), sessionStorage.getItem('k'),"
         "document.cookie, window.name, dbs.length, history.length].join('|'); })();</script>"
     )
+    # A popup stores into an origin the main page never shows (another site serving the same files).
+    (site / "opener.html").write_text(
+        "<title>opener</title><script>window.open('http://other.sandboxd/plant.html');</script>"
+    )
+    (site / "bigstore.html").write_text(
+        "<title>big</title><script>localStorage.setItem('big', 'x'.repeat(1500000));</script>"
+    )
     (site / "navigate.html").write_text(
         f"<title>nav</title><script>location.href = 'http://127.0.0.1:{listener.port}/escaped';</script>"
     )
@@ -107,7 +114,7 @@ def node(tmp_path_factory: pytest.TempPathFactory, listener: Listener) -> Iterat
         browser__instances_per_node=1,
         browser__memory_mb=1536,
         browser__max_sessions_per_worker=4,
-        browser__sites=json.dumps({"hostile": str(site)}),
+        browser__sites=json.dumps({"hostile": str(site), "other": str(site)}),
     ) as base:
         yield base
 
@@ -362,4 +369,58 @@ async def test_fork_copies_cookies_storage_and_url_and_nothing_else(http: httpx.
     finally:
         for sid in [src, *copies]:
             await http.delete(f"/sessions/{sid}")
+    assert (await http.get("/readyz")).json()["sessions"] == held
+
+
+async def test_a_popups_storage_reaches_no_later_context(http: httpx.AsyncClient) -> None:
+    """Found by the red team: a one-shot's popup stored into another site's origin, and the pooled context
+    carried it to the next session and into fork copies."""
+    opener: list[dict[str, Any]] = [
+        {"action": "goto", "path": "/opener.html", "site": "hostile"},
+        {"action": "wait_for", "ms": 400},
+    ]
+    for _ in range(6):  # every pooled context gets a popup's storage
+        assert (await browse(http, opener))["http"] == 200
+    read_other: list[dict[str, Any]] = [{**READ[0], "site": "other"}, *READ[1:]]
+    sid = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
+    try:
+        assert values(await browse(http, read_other, sid))[2].startswith("|||"), "a popup's storage survived"
+        r = await http.post(f"/sessions/{sid}/fork", json={"n": 2})
+        assert r.status_code == 201, r.text
+        for copy in r.json()["sessions"]:
+            got = values(await browse(http, read_other, copy["session_id"]))[2]
+            assert got.startswith("|||"), got
+            await http.delete(f"/sessions/{copy['session_id']}")
+    finally:
+        await http.delete(f"/sessions/{sid}")
+
+
+async def test_forks_that_cannot_be_made_are_refused_in_time_and_fit_the_cap(http: httpx.AsyncClient) -> None:
+    held = (await http.get("/readyz")).json()["sessions"]
+    big = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
+    src = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
+    try:
+        # More storage than a fork copies: the tenant's, 422, quickly.
+        assert (await browse(http, [{"action": "goto", "path": "/bigstore.html", "site": "hostile"}], big))["ok"]
+        r = await http.post(f"/sessions/{big}/fork", json={"n": 1})
+        assert r.status_code == 422 and "FORK_MAX_STATE_BYTES" in r.json()["error"]["message"], r.text
+        # Two forks at once against the cap (4; 2 held): one fits, the other is refused whole.
+        forks = await asyncio.gather(*(http.post(f"/sessions/{src}/fork", json={"n": 2}) for _ in range(2)))
+        assert sorted(f.status_code for f in forks) == [201, 429], [f.text for f in forks]
+        made = next(f for f in forks if f.status_code == 201).json()["sessions"]
+        assert (await http.get("/readyz")).json()["sessions"] == held + 4
+        for copy in made:
+            await http.delete(f"/sessions/{copy['session_id']}")
+        # A page that spins: its storage cannot be read; the fork says so within its limit, and nothing is made.
+        await browse(
+            http, [{"action": "goto", "path": "/spin.html", "site": "hostile"}, {"action": "wait_for", "ms": 200}], src
+        )
+        t0 = asyncio.get_running_loop().time()
+        r = await http.post(f"/sessions/{src}/fork", json={"n": 1}, timeout=60)
+        assert asyncio.get_running_loop().time() - t0 < 20
+        assert r.status_code == 422 and r.json()["error"]["blame"] == "client", r.text
+        assert (await http.get("/readyz")).json()["sessions"] == held + 2
+    finally:
+        await http.delete(f"/sessions/{big}")
+        await http.delete(f"/sessions/{src}")
     assert (await http.get("/readyz")).json()["sessions"] == held

@@ -45,6 +45,12 @@ class BrowserRunnerConfig(RunnerConfig):
         "page (+~350 MiB for the browser and its pool): 16 fit the default memory_mb with room to spare, so one "
         "session's page is never OOM-killed because of its neighbours.",
     )
+    fork_max_state_bytes: int = Field(
+        1 << 20,
+        ge=0,
+        description="Most bytes of cookies, localStorage and sessionStorage a fork copies; a session holding more "
+        "is refused (422) rather than copied slowly into every copy.",
+    )
     memory_mb: int = Field(2048, ge=256, description="Memory cap (cgroup) of one browser's whole process tree.")
     pids_max: int = Field(512, ge=32, description="Process/thread cap (cgroup pids) of one browser.")
     cpu_cores: float = Field(

@@ -112,6 +112,7 @@ class BrowserRunner:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.closing = False
         self._topping = False  # a background refill of the warm pool is running
+        self._pending = 0  # sessions being opened or copied: counted against the cap before they exist
         self._relaunch: asyncio.Task[None] | None = None
         self.site_server: asyncio.Server | None = None
         self.stats = {"launches": 0, "contexts": 0, "crashes": 0, "browser_deaths": 0, "pages_closed": 0}
@@ -257,6 +258,9 @@ class BrowserRunner:
         finally:
             self._topping = False
 
+    def site_origins(self) -> set[str]:
+        return {self.sites.origin_of(self.sites.url(site, "/")) or "" for site in self.sites.roots} - {""}
+
     async def _take_tab(self) -> Tab:
         """A clean context: a reset one from the pool, or a new one."""
         while not self.warm.empty():
@@ -300,6 +304,10 @@ class BrowserRunner:
         for origin in sorted(tab.origins):
             await tab.page.goto(origin + BLANK_PATH, wait_until="commit")
             await tab.page.evaluate("sessionStorage.clear()")
+        # Every other kind of storage, of every site: a popup (or a frame) can store into an origin the main
+        # page never showed (found by the red team: a one-shot's popup planted localStorage that the next
+        # session, and fork copies, read).
+        for origin in sorted(self.site_origins() | tab.origins):
             await tab.cdp.send("Storage.clearDataForOrigin", {"origin": origin, "storageTypes": PAGE_STORAGE})
         tab.origins.clear()
         await tab.page.goto("about:blank", wait_until="commit")
@@ -506,8 +514,13 @@ class BrowserRunner:
         opts = m.BrowserSessionOptions.model_validate(options)
         if opts.site not in self.sites.roots:
             raise BadRequest(f"options.site: unknown site {opts.site!r}; known: {sorted(self.sites.roots)}")
-        refuse_at_session_cap("browser", len(self.sessions), self.cfg.max_sessions_per_worker, session_id)
-        tab = await self._take_tab()
+        # Counted before the first await: concurrent opens and forks must not all pass the same check.
+        refuse_at_session_cap("browser", self._held(), self.cfg.max_sessions_per_worker, session_id)
+        self._pending += 1
+        try:
+            tab = await self._take_tab()
+        finally:
+            self._pending -= 1
         tab.site = opts.site
         self.sessions[session_id] = tab
         self._top_up_later()
@@ -520,15 +533,61 @@ class BrowserRunner:
         src = self.sessions.get(source_id)
         if src is None:
             raise UnknownSession(f"no browser session {source_id}", session_id=source_id)
-        refuse_fork_at_cap("browser", len(self.sessions), len(new_ids), self.cfg.max_sessions_per_worker, source_id)
+        refuse_fork_at_cap("browser", self._held(), len(new_ids), self.cfg.max_sessions_per_worker, source_id)
+        self._pending += len(new_ids)
+        try:
+            return await self._fork(src, source_id, new_ids)
+        finally:
+            self._pending -= len(new_ids)
+
+    def _held(self) -> int:
+        return len(self.sessions) + self._pending
+
+    async def _capture(self, src: Tab, source_id: str) -> tuple[Any, str, str | None, list[list[str]]]:
+        """The source's cookies and storage, read through the browser (CDP), never through the page's own
+        JavaScript (a page can redefine ``Object.entries`` or spin forever), and within a time limit."""
         async with src.lock:
             try:
-                state = await src.context.storage_state()
-                url = src.page.url
-                origin = self.sites.origin_of(url)
-                session_items = await src.page.evaluate("Object.entries(sessionStorage)") if origin else []
+                async with asyncio.timeout(RESET_TIMEOUT_S):
+                    cookies = await src.context.cookies()  # the browser's cookie store, not the page's
+                    url = src.page.url
+                    origin = self.sites.origin_of(url)
+                    # Playwright reads localStorage in its own isolated world (a page's redefinitions of
+                    # Object.entries and friends do not reach it); a page that spins is caught by the timeout.
+                    stored = await src.context.storage_state()
+                    origins = [
+                        {"origin": o["origin"], "entries": [[i["name"], i["value"]] for i in o.get("localStorage", [])]}
+                        for o in stored.get("origins", [])
+                        if self.sites.origin_of(o["origin"]) is not None and o.get("localStorage")
+                    ]
+                    session_items: list[list[str]] = []
+                    if origin is not None:
+                        got = await src.cdp.send(
+                            "DOMStorage.getDOMStorageItems",
+                            {"storageId": {"securityOrigin": origin, "isLocalStorage": False}},
+                        )
+                        session_items = got["entries"]
+            except TimeoutError:
+                raise BadRequest(
+                    f"session {source_id}'s page did not give up its storage within {RESET_TIMEOUT_S:g} s "
+                    "(a busy page cannot be copied now)"
+                ) from None
             except PlaywrightError as exc:
-                raise SessionLost(f"browser session {source_id} did not answer: {_short(exc.message)}") from exc
+                if src.crashed or src.browser is not self.browser:
+                    raise SessionLost(f"browser session {source_id} is gone: {_short(exc.message)}") from exc
+                raise BadRequest(f"session {source_id}'s storage could not be read: {_short(exc.message)}") from exc
+        size = sum(len(c.get("name", "")) + len(c.get("value", "")) for c in cookies)
+        size += sum(len(k) + len(v) for o in origins for k, v in o["entries"])
+        size += sum(len(k) + len(v) for k, v in session_items)
+        if size > self.cfg.fork_max_state_bytes:
+            raise BadRequest(
+                f"session {source_id} holds {size} bytes of cookies and storage; a fork copies at most "
+                f"{self.cfg.fork_max_state_bytes} (SANDBOXD_BROWSER__FORK_MAX_STATE_BYTES)"
+            )
+        return {"cookies": cookies, "origins": origins}, url, origin, session_items
+
+    async def _fork(self, src: Tab, source_id: str, new_ids: list[str]) -> list[str]:
+        state, url, origin, session_items = await self._capture(src, source_id)
         made: list[Tab] = []
         gate = asyncio.Semaphore(FORK_PARALLEL)
 
@@ -551,9 +610,15 @@ class BrowserRunner:
             for tab in made:
                 await self._dispose(tab)
             first = failed[0]
+            if self.browser is None or src.browser is not self.browser:
+                raise SandboxSetupError(f"browser {self.name} died while copies were made") from first
             if isinstance(first, PlaywrightError | TimeoutError):
-                message = first.message if isinstance(first, PlaywrightError) else "timed out"
-                raise SandboxSetupError(f"browser {self.name}: a copy could not be made: {_short(message)}") from first
+                # The browser is fine: what failed is loading the source's own pages with its own state
+                # (a page that hangs, cookies too big to send): the tenant's, as the source would see it.
+                message = first.message if isinstance(first, PlaywrightError) else f"over {RESET_TIMEOUT_S:g} s"
+                raise BadRequest(
+                    f"a copy of session {source_id} could not load its state: {_short(message)}"
+                ) from first
             raise first
         copies = [r for r in results if isinstance(r, Tab)]
         self._top_up_later()
@@ -570,18 +635,19 @@ class BrowserRunner:
     ) -> None:
         tab.site = site
         async with asyncio.timeout(RESET_TIMEOUT_S):
-            if state.get("cookies"):
+            if state["cookies"]:
                 await tab.context.add_cookies(state["cookies"])
-            for entry in state.get("origins", []):
-                if self.sites.origin_of(entry["origin"]) is None:
-                    continue  # only our sites can have stored anything; never load another origin
+            # Written from our own blank page of each origin in the fresh context: no page of the tenant's
+            # runs there, so nothing can interfere with the writes.
+            for entry in state["origins"]:
                 await tab.page.goto(entry["origin"] + BLANK_PATH, wait_until="commit")
+                tab.origins.add(entry["origin"])
                 await tab.page.evaluate(
-                    "items => { for (const it of items) localStorage.setItem(it.name, it.value) }",
-                    entry.get("localStorage", []),
+                    "items => { for (const [k, v] of items) localStorage.setItem(k, v) }", entry["entries"]
                 )
             if origin is not None:
                 await tab.page.goto(origin + BLANK_PATH, wait_until="commit")
+                tab.origins.add(origin)
                 await tab.page.evaluate(
                     "items => { for (const [k, v] of items) sessionStorage.setItem(k, v) }", session_items
                 )
