@@ -257,7 +257,8 @@ async def test_hostile_pages_reach_nothing(http: httpx.AsyncClient, node: str, l
 async def test_runaway_pages_cost_only_themselves(http: httpx.AsyncClient) -> None:
     calm = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
     try:
-        assert (await browse(http, ADD, calm))["ok"]
+        added = await browse(http, ADD, calm)
+        assert added["ok"], added
         spin = browse(
             http,
             [{"action": "goto", "path": "/spin.html", "site": "hostile"}, {"action": "click", "selector": "body"}],

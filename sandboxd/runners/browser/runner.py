@@ -111,7 +111,6 @@ class BrowserRunner:
         self.sessions: dict[str, Tab] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.closing = False
-        self._topping = False  # a background refill of the warm pool is running
         self._pending = 0  # sessions being opened or copied: counted against the cap before they exist
         self._relaunch: asyncio.Task[None] | None = None
         self.site_server: asyncio.Server | None = None
@@ -240,23 +239,6 @@ class BrowserRunner:
     async def _refill(self) -> None:
         with contextlib.suppress(SandboxSetupError):
             self.warm.put_nowait(await self._new_tab())
-
-    def _top_up_later(self) -> None:
-        """Sessions (and fork copies) take pooled contexts and never give them back: refill the pool in the
-        background, so the next session or copy finds a warm one instead of waiting for a new context."""
-        if not self._topping and not self.closing:
-            self._topping = True
-            self._spawn(self._top_up())
-
-    async def _top_up(self) -> None:
-        try:
-            while not self.closing and self.browser is not None and self.warm.qsize() < self.cfg.warm_contexts:
-                before = self.warm.qsize()
-                await self._refill()
-                if self.warm.qsize() <= before:
-                    return  # the browser could not make one; the next taker makes its own
-        finally:
-            self._topping = False
 
     def site_origins(self) -> set[str]:
         return {self.sites.origin_of(self.sites.url(site, "/")) or "" for site in self.sites.roots} - {""}
@@ -523,7 +505,6 @@ class BrowserRunner:
             self._pending -= 1
         tab.site = opts.site
         self.sessions[session_id] = tab
-        self._top_up_later()
 
     async def fork_session(self, source_id: str, new_ids: list[str]) -> list[str]:
         """Each copy: a fresh context with the source's cookies, every site origin's localStorage and the
@@ -621,7 +602,6 @@ class BrowserRunner:
                 ) from first
             raise first
         copies = [r for r in results if isinstance(r, Tab)]
-        self._top_up_later()
         for sid, tab in zip(new_ids, copies, strict=True):
             self.sessions[sid] = tab
         return [
