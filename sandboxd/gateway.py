@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -298,7 +299,7 @@ class Gateway:
         path: str,
         body: Any = None,
         timeout_s: float = FORWARD_TIMEOUT_S,
-    ) -> Any:
+    ) -> tuple[int, Any]:
         assert self.cluster is not None
         try:
             status, data = await self.cluster.forward(session_id, tenant, method, path, body, timeout_s)
@@ -306,9 +307,13 @@ class Gateway:
             self.metrics.forwarded.labels(op, exc.code).inc()
             raise
         self.metrics.forwarded.labels(op, "answered").inc()
-        if op != "step":
-            raise_for(status, data)
-        return data if op != "step" else (status, data)
+        return status, data
+
+    async def _forward_ok(self, session_id: str, tenant: str, op: str, method: str, path: str, **kw: Any) -> Any:
+        """A forwarded session operation's body; its error answer raised as the owner's error."""
+        status, data = await self._forward(session_id, tenant, op, method, path, **kw)
+        raise_for(status, data)
+        return data
 
     async def _forward_step(self, req: StepRequest, tenant: str, start: float) -> StepResult:
         """The owner's answer as it gave it (its idempotency, its blame); only the hop's own failures are ours."""
@@ -390,12 +395,7 @@ class Gateway:
         session_id = rec.session_id
         if rec.runner != runner:
             raise BadRequest(f"session {session_id} is a {rec.runner} session, not {runner}")
-        worker = self.supervisor.workers[rec.worker]
-        if worker.generation != rec.generation or not worker.alive:
-            await self.sessions.mark_lost(session_id, f"worker {rec.worker} was replaced")
-            raise SessionLost(
-                f"session {session_id} was lost: its worker was replaced", session_id=session_id, worker=rec.worker
-            )
+        worker = await self._worker_of(rec)
         await self.sessions.touch(session_id, stepped=False)
         try:
             raw: dict[str, Any] = await worker.call("step", session_id=session_id, **call)
@@ -413,6 +413,18 @@ class Gateway:
             obs = raw.get("observation") or {}
             await self._forget(session_id, f"its program was killed ({raw.get('killed_by') or obs.get('exit_code')})")
         return raw, rec.worker
+
+    async def _worker_of(self, rec: SessionRecord) -> WorkerHandle:
+        """The worker holding ``rec``'s state; if it was replaced since, the session is lost (said once, kept)."""
+        worker = self.supervisor.workers[rec.worker]
+        if worker.generation != rec.generation or not worker.alive:
+            await self.sessions.mark_lost(rec.session_id, f"worker {rec.worker} was replaced")
+            raise SessionLost(
+                f"session {rec.session_id} was lost: its worker was replaced",
+                session_id=rec.session_id,
+                worker=rec.worker,
+            )
+        return worker
 
     def _failed(self, runner: str, exc: SandboxdError, start: float, session_id: str | None) -> StepResult:
         elapsed = time.monotonic() - start
@@ -468,19 +480,41 @@ class Gateway:
             return info
         return await self._create_session(req, tenant)
 
+    async def _check_room(self, tenant: str, n: int) -> None:
+        """``n`` more sessions fit the tenant's quota, or a 429. Sessions being opened count too: a storm of
+        concurrent creates (or forks) all saw the store before any was put."""
+        held = await self.sessions.count(tenant=tenant) + self._opening_by_tenant[tenant]
+        cap = self.settings.tenant_max_sessions
+        if held + n > cap:
+            more = "another" if n == 1 else f"{n} more"
+            raise Saturated(
+                f"this tenant holds {held} sessions; {more} would pass tenant_max_sessions {cap}; close some first",
+                retry_after_s=5.0,
+            )
+
+    def _lifetimes(self, ttl_s: float | None, idle_s: float | None) -> tuple[float, float]:
+        """A new session's TTL and idle timeout: what was asked, at most the node's."""
+        s = self.settings
+        return min(ttl_s or s.session_ttl_s, s.session_ttl_s), min(idle_s or s.session_idle_s, s.session_idle_s)
+
+    @contextlib.contextmanager
+    def _opening(self, tenant: str, runner: str, worker: int, n: int) -> Iterator[None]:
+        """``n`` sessions being made for ``tenant`` on ``worker``: counted for quotas and placement meanwhile."""
+        self._opening_by_worker[(runner, worker)] += n
+        self._opening_by_tenant[tenant] += n
+        try:
+            yield
+        finally:
+            self._opening_by_worker[(runner, worker)] -= n
+            self._opening_by_tenant[tenant] -= n
+            if not self._opening_by_tenant[tenant]:  # tenants come and go: keep no zero entries
+                del self._opening_by_tenant[tenant]
+
     async def _create_session(self, req: SessionCreate, tenant: str) -> SessionInfo:
         if self.draining:
             raise ShuttingDown("this node is shutting down; create the session on another node")
-        s = self.settings
-        # Sessions being opened count too: a storm of concurrent creates all saw the store before any was put.
-        held = await self.sessions.count(tenant=tenant) + self._opening_by_tenant[tenant]
-        if held >= s.tenant_max_sessions:
-            raise Saturated(
-                f"this tenant holds {held} sessions (tenant_max_sessions {s.tenant_max_sessions}); close some first",
-                retry_after_s=5.0,
-            )
-        ttl = min(req.ttl_s or s.session_ttl_s, s.session_ttl_s)
-        idle = min(req.idle_timeout_s or s.session_idle_s, s.session_idle_s)
+        await self._check_room(tenant, 1)
+        ttl, idle = self._lifetimes(req.ttl_s, req.idle_timeout_s)
         alive = [w for w in self.supervisor.workers if w.alive and req.runner in w.capacity]
         if not alive:
             raise Saturated(f"no live worker serves runner {req.runner!r}", retry_after_s=1.0)
@@ -488,10 +522,7 @@ class Gateway:
         opening = self._opening_by_worker
         worker = min(alive, key=lambda w: per_worker.get(w.index, 0) + opening[(req.runner, w.index)])
         sid = new_session_id(self.node_id)
-        where = (req.runner, worker.index)
-        opening[where] += 1
-        self._opening_by_tenant[tenant] += 1
-        try:
+        with self._opening(tenant, req.runner, worker.index, 1):
             await worker.call("open", runner=req.runner, session_id=sid, options=req.options)
             rec = SessionRecord(sid, req.runner, tenant, self.node_id, worker.index, worker.generation, ttl, idle)
             try:
@@ -500,11 +531,6 @@ class Gateway:
                 with contextlib.suppress(SandboxdError):
                     await worker.call("close", runner=req.runner, session_id=sid)
                 raise
-        finally:
-            opening[where] -= 1
-            self._opening_by_tenant[tenant] -= 1
-            if not self._opening_by_tenant[tenant]:  # tenants come and go: keep no zero entries
-                del self._opening_by_tenant[tenant]
         self.metrics.sessions.labels(req.runner).set(await self.sessions.count(req.runner))
         return SessionInfo.model_validate(rec.describe())
 
@@ -519,7 +545,9 @@ class Gateway:
         if self._remote(session_id):
             path = f"/sessions/{quote(session_id, safe='')}/fork"
             body = req.model_dump(exclude_none=True)
-            data = await self._forward(session_id, tenant, "fork", "POST", path, body, FORK_FORWARD_TIMEOUT_S)
+            data = await self._forward_ok(
+                session_id, tenant, "fork", "POST", path, body=body, timeout_s=FORK_FORWARD_TIMEOUT_S
+            )
             return ForkResult.model_validate(data)
         if self.draining:
             raise ShuttingDown("this node is shutting down; it makes no new sessions")
@@ -534,70 +562,57 @@ class Gateway:
             raise SessionBusy(
                 f"session {session_id} is running a step; fork it when the step has answered", session_id=session_id
             )
-        held = await self.sessions.count(tenant=tenant) + self._opening_by_tenant[tenant]
-        if held + req.n > s.tenant_max_sessions:
-            raise Saturated(
-                f"this tenant holds {held} sessions; {req.n} copies would pass tenant_max_sessions "
-                f"{s.tenant_max_sessions}",
-                retry_after_s=5.0,
-            )
-        worker = self.supervisor.workers[rec.worker]
-        if worker.generation != rec.generation or not worker.alive:
-            await self.sessions.mark_lost(session_id, f"worker {rec.worker} was replaced")
-            raise SessionLost(f"session {session_id} was lost: its worker was replaced", session_id=session_id)
-        ttl = min(req.ttl_s or s.session_ttl_s, s.session_ttl_s)
-        idle = min(req.idle_timeout_s or s.session_idle_s, s.session_idle_s)
+        await self._check_room(tenant, req.n)
+        worker = await self._worker_of(rec)
+        ttl, idle = self._lifetimes(req.ttl_s, req.idle_timeout_s)
         new_ids = [new_session_id(self.node_id) for _ in range(req.n)]
         self._forking[session_id] += 1
         self.inflight += 1  # a shutdown waits for forks as for steps
-        self._opening_by_tenant[tenant] += req.n
-        self._opening_by_worker[(rec.runner, rec.worker)] += req.n
+        copies = [
+            SessionRecord(sid, rec.runner, tenant, self.node_id, worker.index, worker.generation, ttl, idle)
+            for sid in new_ids
+        ]
         recorded: list[str] = []
         try:
-            try:
-                answer = await worker.call("fork", runner=rec.runner, session_id=session_id, new_ids=new_ids)
-            except WorkerDied as exc:  # the source went with its worker, and no copy was made
-                why = f"worker {rec.worker} died during a fork"
-                await self.sessions.mark_lost(session_id, why)
-                raise SessionLost(f"session {session_id} was lost: {why}", session_id=session_id) from exc
-            try:
-                for sid in new_ids:
-                    await self.sessions.put(
-                        SessionRecord(sid, rec.runner, tenant, self.node_id, worker.index, worker.generation, ttl, idle)
-                    )
-                    recorded.append(sid)
-            except SandboxdError:  # not recorded (Redis): none of the group may outlive the refusal
-                for sid in recorded:
-                    await self.sessions.remove(sid, "its fork failed")
-                for sid in new_ids:
-                    with contextlib.suppress(SandboxdError):
-                        await worker.call("close", runner=rec.runner, session_id=sid)
-                raise
+            with self._opening(tenant, rec.runner, rec.worker, req.n):
+                try:
+                    answer = await worker.call("fork", runner=rec.runner, session_id=session_id, new_ids=new_ids)
+                except WorkerDied as exc:  # the source went with its worker, and no copy was made
+                    why = f"worker {rec.worker} died during a fork"
+                    await self.sessions.mark_lost(session_id, why)
+                    raise SessionLost(f"session {session_id} was lost: {why}", session_id=session_id) from exc
+                try:
+                    for copy in copies:
+                        await self.sessions.put(copy)
+                        recorded.append(copy.session_id)
+                except SandboxdError:  # not recorded (Redis): none of the group may outlive the refusal
+                    for sid in recorded:
+                        await self.sessions.remove(sid, "its fork failed")
+                    for sid in new_ids:
+                        with contextlib.suppress(SandboxdError):
+                            await worker.call("close", runner=rec.runner, session_id=sid)
+                    raise
         finally:
             self.inflight -= 1
             self._forking[session_id] -= 1
             if not self._forking[session_id]:
                 del self._forking[session_id]
-            self._opening_by_worker[(rec.runner, rec.worker)] -= req.n
-            self._opening_by_tenant[tenant] -= req.n
-            if not self._opening_by_tenant[tenant]:
-                del self._opening_by_tenant[tenant]
         await self.sessions.touch(session_id, stepped=False)
         self.metrics.sessions.labels(rec.runner).set(await self.sessions.count(rec.runner))
         self.metrics.forks.labels(rec.runner).inc()
-        infos = [SessionInfo.model_validate((await self.sessions.get(sid, tenant)).describe()) for sid in new_ids]
+        infos = [SessionInfo.model_validate(copy.describe()) for copy in copies]
         return ForkResult(source_id=session_id, sessions=infos, notes=list(answer.get("notes") or []))
 
     async def session_info(self, session_id: str, tenant: str) -> SessionInfo:
         if self._remote(session_id):
             path = f"/sessions/{quote(session_id, safe='')}"
-            return SessionInfo.model_validate(await self._forward(session_id, tenant, "info", "GET", path))
+            return SessionInfo.model_validate(await self._forward_ok(session_id, tenant, "info", "GET", path))
         return SessionInfo.model_validate((await self.sessions.get(session_id, tenant)).describe())
 
     async def close_session(self, session_id: str, tenant: str, why: str = "closed by the client") -> None:
         """Close a session; a lost one is forgotten too. Unknown ids (and other tenants' sessions) are a 404."""
         if self._remote(session_id):
-            await self._forward(session_id, tenant, "close", "DELETE", f"/sessions/{quote(session_id, safe='')}")
+            await self._forward_ok(session_id, tenant, "close", "DELETE", f"/sessions/{quote(session_id, safe='')}")
             return
         with contextlib.suppress(SessionLost):
             await self.sessions.get(session_id, tenant)

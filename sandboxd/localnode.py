@@ -1,14 +1,17 @@
-"""Start a sandboxd node as a subprocess on a free loopback port (demo, bench, tests)."""
+"""Start a sandboxd node (or the redis-server nodes share) as a subprocess on a free loopback port (demo, bench,
+tests)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 
@@ -105,3 +108,47 @@ def local_node(
         yield node.url
     finally:
         node.stop()
+
+
+class LocalRedis:
+    """A real ``redis-server`` on a free loopback port, no persistence; ``kill`` and ``start`` again on the
+    same port (what a Redis restart without persistence looks like to the nodes: an empty store)."""
+
+    def __init__(self, workdir: str) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise NodeDidNotStart("redis-server is not installed (scripts/setup.sh installs it)")
+        args = ["--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no"]
+        args += ["--dir", self.workdir, "--protected-mode", "yes", "--loglevel", "warning"]
+        self.proc = subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL, preexec_fn=_die_with(os.getpid()))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 1) as conn:
+                conn.sendall(b"PING\r\n")
+                if conn.recv(16).startswith(b"+PONG"):
+                    return
+            time.sleep(0.05)
+        self.kill()
+        raise NodeDidNotStart(f"redis-server did not answer on port {self.port}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls) -> Iterator[LocalRedis]:
+        with tempfile.TemporaryDirectory() as workdir:
+            server = cls(workdir)
+            server.start()
+            try:
+                yield server
+            finally:
+                server.kill()

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ import httpx
 import pytest
 
 from sandboxd.config import settings_model
-from sandboxd.localnode import free_port, local_node
+from sandboxd.localnode import LocalRedis, free_port, local_node
 from sandboxd.registry import ENTRY_POINT_GROUP, kinds
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,56 +124,9 @@ def make_bucket(endpoint: str, name: str) -> None:
     boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
 
 
-class RedisServer:
-    """A real ``redis-server`` on a free loopback port, no persistence; ``kill`` and ``start`` again on the
-    same port (what a Redis restart without persistence looks like to the nodes: an empty store)."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        import redis
-
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-                "--protected-mode",
-                "yes",
-                "--loglevel",
-                "warning",
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with contextlib.suppress(redis.exceptions.ConnectionError):
-                if redis.Redis.from_url(self.url, socket_timeout=1).ping():
-                    return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
 @pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]:
+    server = LocalRedis(str(tmp_path_factory.mktemp("redis")))
     server.start()
     try:
         yield server

@@ -18,8 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sandboxd.localnode import NodeProcess
-from tests.conftest import RedisServer
+from sandboxd.localnode import LocalRedis, NodeProcess
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,7 +28,7 @@ HEARTBEAT_S, TTL_S = 0.5, 2.0
 
 
 @pytest.fixture(scope="module")
-def nodes(redis_server: RedisServer) -> Iterator[list[NodeProcess]]:
+def nodes(redis_server: LocalRedis) -> Iterator[list[NodeProcess]]:
     started = []
     try:
         for i in (1, 2, 3):
@@ -193,7 +192,7 @@ async def test_fork_through_another_node(nodes: list[NodeProcess]) -> None:
 
 
 async def test_redis_down_one_shots_run_sessions_503_then_recover(
-    nodes: list[NodeProcess], redis_server: RedisServer
+    nodes: list[NodeProcess], redis_server: LocalRedis
 ) -> None:
     n1, n2, n3 = nodes
     await until_peers(nodes, 3)

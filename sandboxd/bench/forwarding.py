@@ -21,10 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,31 +28,14 @@ from dataclasses import dataclass
 from sandboxd.bench.loadgen import run_level
 from sandboxd.bench.stats import percentile
 from sandboxd.bench.workloads import Samples
-from sandboxd.localnode import NodeProcess, free_port
+from sandboxd.localnode import LocalRedis, NodeProcess
 from sandboxd.wire import Connection
 
 
 @contextlib.contextmanager
 def redis_server() -> Iterator[str]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise SystemExit("redis-server is not installed (scripts/setup.sh installs it)")
-    port = free_port()
-    with tempfile.TemporaryDirectory() as d:
-        proc = subprocess.Popen(
-            [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", d],
-            stdout=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                    break
-                time.sleep(0.05)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            proc.kill()
-            proc.wait()
+    with LocalRedis.running() as server:
+        yield server.url
 
 
 @contextlib.contextmanager

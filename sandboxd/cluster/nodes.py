@@ -35,6 +35,12 @@ class Peer:
     url: str
     incarnation: str
 
+    @classmethod
+    def parse(cls, node_id: str, raw: bytes | str) -> Peer:
+        """A registry entry (``NodeRegistry._entry``) as the peer it names."""
+        data = orjson.loads(raw)
+        return cls(node_id, str(data["url"]), str(data["incarnation"]))
+
 
 class NodeRegistry:
     def __init__(
@@ -80,10 +86,10 @@ class NodeRegistry:
     async def read(self) -> None:
         nodes_key = self.redis.key("nodes")
 
-        async def fetch(r: Redis) -> dict[str, bytes | None]:
+        async def fetch(r: Redis) -> dict[str, bytes | str | None]:
             ids = sorted(m.decode() if isinstance(m, bytes) else str(m) for m in await r.smembers(nodes_key))
             values = await r.mget([self.redis.key("node", i) for i in ids]) if ids else []
-            return dict(zip(ids, [v if isinstance(v, bytes | None) else v.encode() for v in values], strict=True))
+            return dict(zip(ids, values, strict=True))
 
         entries = await self.redis.call("read the node registry", fetch)
         now = time.monotonic()
@@ -91,9 +97,7 @@ class NodeRegistry:
         for node_id, raw in entries.items():
             if raw is None:
                 continue
-            data = orjson.loads(raw)
-            peers[node_id] = Peer(node_id, str(data["url"]), str(data["incarnation"]))
-            self.known[node_id] = peers[node_id]
+            peers[node_id] = self.known[node_id] = Peer.parse(node_id, raw)
             self.seen[node_id] = now
         gone = [n for n, at in self.seen.items() if n not in peers and now - at > 10 * self.ttl_s]
         if gone:  # long dead: stop listing them (their sessions' directory entries answer for them)
@@ -110,9 +114,7 @@ class NodeRegistry:
         if raw is None:
             self.peers.pop(node_id, None)
             return None
-        data = orjson.loads(raw)
-        peer = Peer(node_id, str(data["url"]), str(data["incarnation"]))
-        self.peers[node_id] = self.known[node_id] = peer
+        peer = self.peers[node_id] = self.known[node_id] = Peer.parse(node_id, raw)
         self.seen[node_id] = time.monotonic()
         return peer
 

@@ -19,7 +19,7 @@ from sandboxd.cluster.nodes import NodeRegistry, Peer
 from sandboxd.config import NodeSettings
 from sandboxd.errors import NodeUnreachable, SandboxdError, SessionLost, StoreUnavailable, UnknownSession, from_dict
 from sandboxd.stores.idempotency import MemoryIdempotencyStore
-from sandboxd.stores.redis import DirectoryEntry, RedisIdempotencyStore, RedisSessionStore, SharedRedis
+from sandboxd.stores.redis import RedisIdempotencyStore, RedisSessionStore, SharedRedis
 from sandboxd.stores.sessions import owner_of
 
 log = logging.getLogger("sandboxd.cluster")
@@ -44,7 +44,6 @@ class Cluster:
             self.redis, self.me, settings.heartbeat_interval_s, settings.heartbeat_ttl_s, self._rejoined
         )
         self.forwarder = Forwarder(self.node_id, settings.forward_connect_timeout_s, max_per_peer=256)
-        self.forwarded = 0
 
     async def _rejoined(self) -> None:
         n = await self.sessions.republish()
@@ -73,13 +72,11 @@ class Cluster:
         ``process_gone``: its address refused the connection, so whatever held the session is gone.
         """
         try:
-            raw = await self.redis.call("look up the session", lambda r: r.get(self.redis.key("sess", session_id)))
+            entry = await self.sessions.lookup(session_id)
         except StoreUnavailable as exc:
-            if process_gone:
-                raw = None
-            else:
+            if not process_gone:
                 return exc
-        entry = DirectoryEntry.loads(raw)
+            entry = None
         lost = SessionLost(
             f"session {session_id} was lost: its node {owner} is gone, and its sandboxes with it",
             session_id=session_id,
@@ -135,7 +132,6 @@ class Cluster:
                 f"node {owner} owns session {session_id} and failed to answer the forwarded request: {exc}",
                 session_id=session_id,
             ) from None
-        self.forwarded += 1
         return status, data
 
 

@@ -37,6 +37,7 @@ from redis.retry import Retry
 
 from sandboxd.constants import LOST_SESSION_KEPT_S
 from sandboxd.errors import BadRequest, DeadlineExceeded, SessionLost, StoreUnavailable, UnknownSession
+from sandboxd.stores.idempotency import MemoryIdempotencyStore
 from sandboxd.stores.sessions import MemorySessionStore, SessionRecord
 
 log = logging.getLogger("sandboxd.stores.redis")
@@ -63,7 +64,6 @@ class SharedRedis:
             health_check_interval=0,
             decode_responses=False,
         )
-        self.errors = 0
         self.last_error = ""
 
     def key(self, *parts: str) -> str:
@@ -74,7 +74,6 @@ class SharedRedis:
             async with asyncio.timeout(self.timeout_s):
                 return await fn(self.client)
         except (RedisError, OSError, TimeoutError) as exc:
-            self.errors += 1
             self.last_error = f"Redis at {self.where}: {str(exc) or type(exc).__name__}"
             log.debug("failed to %s: %s", what, self.last_error)
             # The client learns what failed, not where the store lives (the node's log says).
@@ -141,10 +140,13 @@ class RedisSessionStore(MemorySessionStore):
     async def get(self, session_id: str, tenant: str) -> SessionRecord:
         try:
             return await super().get(session_id, tenant)
-        except UnknownSession:
+        except UnknownSession as unknown:
             if session_id in self._closed:
                 raise
-            entry = await self.lookup(session_id)
+            try:
+                entry = await self.lookup(session_id)
+            except StoreUnavailable:
+                raise unknown from None  # best effort: without the directory, unknown is all we can say
             mine_before = entry is not None and entry.node_id == self.node_id and entry.incarnation != self.incarnation
             if entry is not None and entry.tenant == tenant and mine_before:
                 raise SessionLost(
@@ -155,11 +157,8 @@ class RedisSessionStore(MemorySessionStore):
             raise
 
     async def lookup(self, session_id: str) -> DirectoryEntry | None:
-        """The directory's entry, or None (no such session, or Redis did not answer: the caller decides)."""
-        try:
-            raw = await self.redis.call("look up the session", lambda r: r.get(self.redis.key("sess", session_id)))
-        except StoreUnavailable:
-            return None
+        """The directory's entry, or None for no such session; ``StoreUnavailable`` when Redis did not answer."""
+        raw = await self.redis.call("look up the session", lambda r: r.get(self.redis.key("sess", session_id)))
         return DirectoryEntry.loads(raw)
 
     async def republish(self) -> int:
@@ -194,7 +193,7 @@ class RedisIdempotencyStore:
         node_id: str,
         ttl_s: float,
         claim_ttl_s: float,
-        fallback: Any,
+        fallback: MemoryIdempotencyStore,
     ) -> None:
         self.redis = redis
         self.node_id = node_id
@@ -205,7 +204,7 @@ class RedisIdempotencyStore:
 
     @property
     def hits(self) -> int:
-        return self._hits + int(self.fallback.hits)
+        return self._hits + self.fallback.hits
 
     async def run(
         self,

@@ -101,6 +101,10 @@ class BrowserRunner:
         self.name = ctx.name
         self.dir = ctx.runtime_dir / ctx.name / "browser"
         self.sites = Sites.configured(cfg.sites)
+        # Every origin a page of ours can store into (sites are fixed at start): what a reset clears.
+        self.site_origins = frozenset(
+            origin for site in self.sites.roots if (origin := self.sites.origin_of(self.sites.url(site, "/")))
+        )
         self.pw: Playwright | None = None
         self.browser: Browser | None = None
         self.cgroup: CgroupGroup | None = None
@@ -240,9 +244,6 @@ class BrowserRunner:
         with contextlib.suppress(SandboxSetupError):
             self.warm.put_nowait(await self._new_tab())
 
-    def site_origins(self) -> set[str]:
-        return {self.sites.origin_of(self.sites.url(site, "/")) or "" for site in self.sites.roots} - {""}
-
     async def _take_tab(self) -> Tab:
         """A clean context: a reset one from the pool, or a new one."""
         while not self.warm.empty():
@@ -289,7 +290,7 @@ class BrowserRunner:
         # Every other kind of storage, of every site: a popup (or a frame) can store into an origin the main
         # page never showed (found by the red team: a one-shot's popup planted localStorage that the next
         # session, and fork copies, read).
-        for origin in sorted(self.site_origins() | tab.origins):
+        for origin in sorted(self.site_origins | tab.origins):
             await tab.cdp.send("Storage.clearDataForOrigin", {"origin": origin, "storageTypes": PAGE_STORAGE})
         tab.origins.clear()
         await tab.page.goto("about:blank", wait_until="commit")
