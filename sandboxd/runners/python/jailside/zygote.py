@@ -26,14 +26,24 @@ Process tree inside a jail, and why it is this shape::
 
 from __future__ import annotations
 
+import _socket
 import array
+import atexit
+import builtins
 import ctypes
 import errno
+import io
+import json
+import linecache
 import os
+import resource
 import select
 import signal
 import socket
+import stat
 import sys
+import threading
+import traceback
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # inside the jail these are plain modules beside this file (no sandboxd package there)
@@ -42,6 +52,46 @@ else:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import seccomp
     import wire
+
+# What the harness calls once a program has run, bound here, before any program exists. A program shares
+# this interpreter (one-shots until they exit, session cells for the session's life) and can rebind any
+# module attribute or builtin it sees: ``os._exit = None``, ``builtins.exec = ...``, ``sys.stdout = None``,
+# ``threading._shutdown = ...``. None of that may change how its execution ends or what the worker is told.
+# Functions defined below resolve builtins through a private copy of the builtins namespace, so a program
+# that rebinds ``builtins.exec`` or ``builtins.isinstance`` changes its own world only.
+__builtins__ = dict(builtins.__dict__)  # type: ignore[assignment]  # before any def: a function takes its builtins when it is made
+_exit = os._exit
+_os_write = os.write
+_os_read = os.read
+_os_open = os.open
+_os_close = os.close
+_os_fstat = os.fstat
+_os_fork = os.fork
+_os_kill = os.kill
+_os_waitpid = os.waitpid
+_os_dup2 = os.dup2
+_os_makedirs = os.makedirs
+_normpath = os.path.normpath
+_dirname = os.path.dirname
+_S_ISREG = stat.S_ISREG
+_WIFSIGNALED, _WTERMSIG, _WEXITSTATUS = os.WIFSIGNALED, os.WTERMSIG, os.WEXITSTATUS
+_setrlimit, _getrusage = resource.setrlimit, resource.getrusage
+_setitimer = signal.setitimer
+_signal = signal.signal
+_sleep = __import__("time").sleep
+_sock_sendall = _socket.socket.sendall
+_sock_recv = _socket.socket.recv
+_json_decode = json.JSONDecoder().decode
+_json_encode = json.JSONEncoder(separators=(",", ":")).encode
+_PREFIX = wire.PREFIX
+_threading_shutdown = threading._shutdown  # type: ignore[attr-defined]
+_atexit_run = atexit._run_exitfuncs
+_print_exception = traceback.print_exception
+_linecache = linecache.cache
+_sys_excepthook = sys.__excepthook__
+_TextIOWrapper, _BytesIO = io.TextIOWrapper, io.BytesIO
+_sys = sys
+_streams: list[Any] = []  # the stdio objects the harness made for the program: flushed whatever it rebinds
 
 # Modules that typical agent programs import, loaded once here so that every
 # execution starts with them warm (shared copy-on-write pages, not an import).
@@ -203,11 +253,9 @@ def zygote_main(mode: str, tmpfs_bytes: int) -> None:
                     ours.close()
                     code = executor_main(theirs, out_w, err_w, filter_program, mode, tmpfs_bytes)
                 except BaseException:
-                    import traceback
-
-                    traceback.print_exc()  # to the program's stderr once redirected, else the jail log
+                    pass  # nothing of the harness may reach the program's output; the status says enough
                 finally:
-                    os._exit(code)
+                    _exit(code)
             ids[pid] = next_id
             theirs.close()
             os.close(out_w)
@@ -332,12 +380,46 @@ def executor_main(
     try:
         code, stdin = _stage(req, body)
     except (OSError, ValueError) as exc:
-        os.write(2, f"sandboxd: could not stage the step's files: {exc}\n".encode())
+        # Not the program's failure (it never ran): the worker answers the client's error from this frame.
+        _send(sock, {"op": "stage_error", "error": str(exc)})
         return 125
     _limits(req, session=False)
     _stdin(stdin)
+    fetch = req.get("fetch")
+    if fetch:
+        return _run_and_fetch(sock, code, list(fetch), int(req["fetch_max_bytes"]))
     sock.close()  # the program gets no channel to the worker
     return _run_oneshot(code)
+
+
+def _send(sock: socket.socket, header: dict[str, Any] | bytes, body: bytes = b"") -> None:
+    """A frame to the worker, built from the harness's own references (never the program's ``json``)."""
+    head = header if isinstance(header, bytes) else _json_encode(header).encode()
+    _sock_sendall(sock, _PREFIX.pack(len(head), len(body)) + head + body)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = _sock_recv(sock, min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise _WireError("peer closed the stream")
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+    """``wire.recv_frame`` on private references: a session's next request, read after its cells ran."""
+    head_len, body_len = _PREFIX.unpack(_recv_exact(sock, _PREFIX.size))
+    if head_len > wire.MAX_HEADER_BYTES or body_len > wire.MAX_BODY_BYTES:
+        raise _WireError(f"frame too large: header {head_len} B, body {body_len} B")
+    header = _json_decode(_recv_exact(sock, head_len).decode())
+    if not isinstance(header, dict):
+        raise _WireError("frame header is not an object")
+    return header, _recv_exact(sock, body_len) if body_len else b""
+
+
+_WireError = wire.WireError
 
 
 def _stage(req: dict[str, Any], body: bytes) -> tuple[bytes, bytes]:
@@ -345,10 +427,10 @@ def _stage(req: dict[str, Any], body: bytes) -> tuple[bytes, bytes]:
     view = memoryview(body)
     pos = 0
     for rel, size in req.get("files", []):
-        path = os.path.normpath(os.path.join(WORKDIR, rel))
+        path = _normpath(WORKDIR + "/" + rel)
         if not path.startswith(WORKDIR + "/"):
             raise ValueError(f"file path escapes the workdir: {rel!r}")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _os_makedirs(_dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(view[pos : pos + size])
         pos += size
@@ -358,18 +440,16 @@ def _stage(req: dict[str, Any], body: bytes) -> tuple[bytes, bytes]:
 
 
 def _limits(req: dict[str, Any], session: bool) -> None:
-    import resource
-
     cpu = max(1, int(req["cpu_s"]))
     if session:
-        used = resource.getrusage(resource.RUSAGE_SELF)
+        used = _getrusage(resource.RUSAGE_SELF)
         soft = int(used.ru_utime + used.ru_stime) + cpu + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
+        _setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
         return
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (int(req["fsize_bytes"]),) * 2)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (int(req["nofile"]),) * 2)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    _setrlimit(resource.RLIMIT_FSIZE, (int(req["fsize_bytes"]),) * 2)
+    _setrlimit(resource.RLIMIT_NOFILE, (int(req["nofile"]),) * 2)
+    _setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def _stdin(data: bytes) -> None:
@@ -390,13 +470,12 @@ def _reseed() -> None:
 
 
 def _fresh_main() -> dict[str, Any]:
-    import builtins
     import types
 
     for name in [m for m in sys.modules if m in ("seccomp", "wire", "__mp_main__")]:
         del sys.modules[name]
     main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = builtins
+    main.__dict__["__builtins__"] = builtins  # the real module: the program's own, to change as it likes
     sys.modules["__main__"] = main
     sys.argv = ["<program>"]
     return main.__dict__
@@ -407,61 +486,179 @@ def _stdio() -> None:
     sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
     sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
+    _streams[:] = [sys.stdout, sys.stderr]
 
 
 def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
+    """What the program wrote reaches its pipes, whatever it rebound: CPython flushes ``sys.stdout`` and
+    ``sys.stderr`` at exit, and the objects it made them (still referenced) when they are finalized."""
+    for stream in (getattr(_sys, "stdout", None), getattr(_sys, "stderr", None), *_streams):
         try:
             stream.flush()
-        except Exception:
+        except BaseException:
             pass
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """``sys.exit(x)`` as CPython ends with it: None is 0, an int its low byte, anything else printed, 1."""
+    try:
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code & 0xFF
+        stream = getattr(_sys, "stderr", None)
+        print(code, file=stream if stream is not None else _streams[1])
+    except BaseException:
+        pass
+    return 1
+
+
+def _report(exc: BaseException) -> None:
+    """An uncaught exception as CPython reports it (through ``sys.excepthook``), starting at the program's
+    own frame; a hook the program broke or removed falls back to the standard report."""
+    try:
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        hook = getattr(_sys, "excepthook", None)
+        if hook is not None and hook is not _sys_excepthook:
+            try:
+                hook(type(exc), exc, tb)
+                return
+            except BaseException:
+                pass
+        stream = getattr(_sys, "stderr", None)
+        _print_exception(type(exc), exc, tb, file=stream if stream is not None else _streams[1])
+    except BaseException:
+        pass
 
 
 def _exec_code(code: bytes, namespace: dict[str, Any], filename: str = "<program>") -> int:
     """Run ``code`` like ``python -c`` would; return its exit code."""
-    import linecache
-    import traceback
-
     text = code.decode("utf-8", errors="replace")
-    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    _linecache[filename] = (len(text), None, text.splitlines(True), filename)
     try:
         exec(compile(text, filename, "exec"), namespace)
         return 0
     except SystemExit as exc:
-        if exc.code is None:
-            return 0
-        if isinstance(exc.code, int):
-            return exc.code & 0xFF
-        print(exc.code, file=sys.stderr)
-        return 1
+        return _exit_status(exc)
     except BaseException as exc:
-        # Drop our own frame: the program's traceback starts at "<program>".
-        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-        traceback.print_exception(type(exc), exc, tb)
+        _report(exc)
         return 1
 
 
-def _run_oneshot(code: bytes) -> int:
-    import atexit
-    import threading
-
-    namespace = _fresh_main()
-    _stdio()
-    rc = _exec_code(code, namespace)
+def _end_program(rc: int) -> int:
+    """The end of ``python -c``: wait for non-daemon threads, run exit handlers, flush; the status stays
+    ``rc`` unless a handler ends the process itself (``os._exit`` in an atexit function is the program's)."""
     try:
-        threading._shutdown()  # type: ignore[attr-defined]
-        atexit._run_exitfuncs()
-    finally:
-        _flush()
+        _threading_shutdown()
+    except BaseException:
+        pass
+    try:
+        _atexit_run()
+    except BaseException:
+        pass
+    _flush()
     return rc
 
 
-def _session_loop(sock: socket.socket, req: dict[str, Any], body: bytes) -> int:
-    import io
+def _run_oneshot(code: bytes) -> int:
+    namespace = _fresh_main()
+    _stdio()
+    return _end_program(_exec_code(code, namespace))
 
+
+def _run_and_fetch(sock: socket.socket, code: bytes, paths: list[str], cap: int) -> int:
+    """A one-shot whose files are returned after it ends, as SandboxFusion's ``fetch_files``.
+
+    The program runs in a child, exactly as any one-shot (its threads joined, its exit handlers run, its
+    status its own); this process, which never ran a line of it, waits for it, reads the files from the
+    sandbox's own view (the same mounts and uid: nothing the program could not have read itself), and
+    sends the worker the program's status and the files. The child never holds this channel; it cannot
+    signal its pid namespace's init (SIGINT is the one signal with a handler here, so it is ignored), nor
+    read this process (not dumpable, no ptrace).
+    """
+    pid = _os_fork()
+    if pid == 0:
+        rc = 70
+        try:
+            sock.close()
+            rc = _run_oneshot(code)
+        finally:
+            _exit(rc)
+    _signal(signal.SIGINT, signal.SIG_IGN)
+    _os_close(1)
+    _os_close(2)
+    status: int | None = None
+    while status is None:
+        try:
+            _, status = _os_waitpid(pid, 0)
+        except ChildProcessError:
+            break
+    header: dict[str, Any] = {"op": "fetched", "exit_code": 70, "signal": None}
+    if status is not None:
+        if _WIFSIGNALED(status):
+            header["signal"] = _WTERMSIG(status)
+            header["exit_code"] = 128 + _WTERMSIG(status)
+        else:
+            header["exit_code"] = _WEXITSTATUS(status)
+    sizes, missing, body = _collect(paths, cap)
+    header.update(sizes=sizes, missing=missing)
+    _send(sock, header, body)
+    return 0
+
+
+def _collect(paths: list[str], cap: int) -> tuple[list[int], dict[str, str], bytes]:
+    """Each path's size (-1 when not returned) and why not, and the contents of those returned, in order.
+
+    Relative paths are in the working directory, absolute ones anywhere the sandbox sees. Only regular
+    files are read, without blocking (a FIFO or a device is refused), and at most ``cap`` bytes in all.
+    """
+    sizes: list[int] = []
+    missing: dict[str, str] = {}
+    chunks: list[bytes] = []
+    total = 0
+    for i, path in enumerate(paths):
+        full = path if path.startswith("/") else WORKDIR + "/" + path
+        sizes.append(-1)
+        try:
+            fd = _os_open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError as exc:
+            missing[str(i)] = exc.strerror or type(exc).__name__
+            continue
+        try:
+            if not _S_ISREG(_os_fstat(fd).st_mode):
+                missing[str(i)] = "not a regular file"
+                continue
+            room = cap - total
+            data = bytearray()
+            while len(data) <= room:
+                chunk = _os_read(fd, min(room + 1 - len(data), 1 << 20))
+                if not chunk:
+                    break
+                data += chunk
+            if len(data) > room:
+                missing[str(i)] = f"the fetched files exceed {cap} bytes in all"
+                continue
+        except OSError as exc:
+            missing[str(i)] = exc.strerror or type(exc).__name__
+            continue
+        finally:
+            _os_close(fd)
+        sizes[i] = len(data)
+        total += len(data)
+        chunks.append(bytes(data))
+    return sizes, missing, b"".join(chunks)
+
+
+def _session_loop(sock: socket.socket, req: dict[str, Any], body: bytes) -> int:
+    """Cells in one interpreter, one reply each. Outside its cells (while the harness reads, writes and
+    cleans up) SIGINT is held back: the worker's interrupt at a cell's deadline belongs to that cell, and
+    one that lands after the cell finished is dropped instead of breaking the harness or the next cell."""
     namespace = _fresh_main()
     _stdio()
     cell = 0
+    sigint = {signal.SIGINT}
+    _hold(sigint)
     while True:
         if req.get("op") == "close":
             return 0
@@ -469,36 +666,56 @@ def _session_loop(sock: socket.socket, req: dict[str, Any], body: bytes) -> int:
         try:
             code, stdin = _stage(req, body)
         except (OSError, ValueError) as exc:
-            print(f"sandboxd: could not stage the step's files: {exc}", file=sys.stderr)
-            rc = 125
+            reply = _json_encode({"op": "stage_error", "error": str(exc)}).encode()
         else:
             _limits(req, session=True)
-            sys.stdin = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
-            rc = _exec_code(code, namespace, f"<cell {cell}>")
-        _flush()
-        _reap_strays()
+            _sys.stdin = _TextIOWrapper(_BytesIO(stdin), encoding="utf-8")
+            if signal.SIGINT in _sigpending():
+                _sigtimedwait(sigint, 0)  # an interrupt meant for an earlier cell
+            rc = 1
+            try:
+                _sigmask(signal.SIG_UNBLOCK, sigint)
+                rc = _exec_code(code, namespace, f"<cell {cell}>")
+            except BaseException:  # the deadline's interrupt, landing between the cell's end and here
+                pass
+            _hold(sigint)
+            _flush()
+            _reap_strays()
+            reply = b'{"op":"done","exit_code":%d}' % rc
         try:
-            sock.sendall(wire.encode({"op": "done", "exit_code": rc}))
-            req, body = wire.recv_frame(sock)
-        except (OSError, wire.WireError):
+            _send(sock, reply)
+            req, body = _recv_frame(sock)
+        except BaseException:  # the worker closed the channel, or the program broke it (its own session)
             return 0
+
+
+def _hold(signals: set[signal.Signals]) -> None:
+    """Block ``signals``; ``pthread_sigmask`` runs the Python handlers of signals already delivered, so an
+    interrupt that arrived just before is raised here, once, and dropped."""
+    while True:
+        try:
+            _sigmask(signal.SIG_BLOCK, signals)
+            return
+        except BaseException:
+            continue
+
+
+_sigpending, _sigtimedwait, _sigmask = signal.sigpending, signal.sigtimedwait, signal.pthread_sigmask
 
 
 def _reap_strays() -> None:
     """Kill whatever a cell left running: a session's state lives in globals, not processes."""
-    import time
-
     try:
-        os.kill(-1, signal.SIGKILL)
+        _os_kill(-1, signal.SIGKILL)
     except ProcessLookupError:
         pass
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, _ = _os_waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
-            time.sleep(0.001)
+            _sleep(0.001)
 
 
 if __name__ == "__main__":
