@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -142,6 +143,12 @@ def main(argv: list[str] | None = None) -> None:
     # Die with the gateway even if it is SIGKILLed (no orphaned jails).
     with contextlib.suppress(Exception):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    # Each session holds a few descriptors here (its channel, output pipes, pidfd): a worker at its session
+    # caps must not meet a soft limit far below what the host allows.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     settings = settings_model().model_validate_json(os.environ["SANDBOXD_WORKER_SETTINGS"])
     logging.basicConfig(
         level=settings.log_level.upper(),

@@ -2,9 +2,10 @@
 
 Each pool slot gets its group once, when its jail starts, and every execution in
 that slot is forked from inside it: moving a process per request costs ~0.4 ms
-and serialises forks machine-wide (see docs/isolation.md). Sessions are the one
-exception: a session's monitor is moved into a group of its own, once, when the
-session is created.
+and serialises forks machine-wide (see docs/isolation.md). Each session gets a
+group of its own, and is born in it: its jail's zygote visits the group for the
+fork (``Jail.spawn(into=...)``), because what the kernel charges for a new process
+stays where the process was made, whatever moves later.
 
 Counters (OOM kills, pids-limit hits) are read before and after each execution
 so that a kill can be attributed to the limit that caused it; with one execution
@@ -108,14 +109,6 @@ class CgroupGroup:
         except OSError as exc:
             raise SandboxSetupError(f"cannot set the cgroup CPU quota: {exc}") from exc
 
-    def move_charges_on_join(self) -> None:
-        """v1: a process that joins brings the memory it already charged elsewhere (a pre-forked session
-        executor's pages would otherwise stay on the zygote's group, ~1 MB per session, until the zygote
-        is killed at its limit). v2 never moves charges: there the zygote's group has room for them."""
-        if self.version == 1:
-            with contextlib.suppress(OSError):
-                (self.dirs["memory"] / "memory.move_charge_at_immigrate").write_text("3")
-
     def add(self, pid: int) -> None:
         try:
             for f in self.procs_files:
@@ -132,13 +125,21 @@ class CgroupGroup:
             pids = _read_kv(self.dirs["unified"] / "pids.events").get("max", 0)
         return Counters(oom, pids)
 
-    def memory_peak_bytes(self) -> int:
-        name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
+    def memory(self) -> tuple[int, int]:
+        """Bytes charged now and the limit (0 when unreadable or unlimited)."""
         d = self.dirs["memory" if self.version == 1 else "unified"]
-        try:
-            return int((d / name).read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return 0
+        names = (
+            ("memory.usage_in_bytes", "memory.limit_in_bytes")
+            if self.version == 1
+            else ("memory.current", "memory.max")
+        )
+        out = []
+        for name in names:
+            try:
+                out.append(int((d / name).read_text().split()[0]))
+            except (OSError, ValueError, IndexError):
+                out.append(0)
+        return out[0], out[1]
 
     def child(self, name: str) -> CgroupGroup:
         dirs = {k: v / name for k, v in self.dirs.items()}
@@ -235,6 +236,10 @@ class CgroupRoot:
 
     def slot(self, name: str) -> CgroupGroup:
         return self.group.child(name)
+
+    def own(self) -> CgroupGroup:
+        """The group this process itself is in (where a fork server goes back to after a visit)."""
+        return CgroupGroup({k: v.parent for k, v in self.group.dirs.items()}, self.version)
 
 
 def _delegate_controllers(group: Path) -> bool:

@@ -33,7 +33,7 @@ from playwright.async_api import Browser, BrowserContext, CDPSession, Page, Play
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
-from sandboxd.errors import BadRequest, SandboxSetupError, SessionLost, UnknownSession
+from sandboxd.errors import BadRequest, SandboxSetupError, Saturated, SessionLost, UnknownSession
 from sandboxd.runners.base import (
     ProgramFailure,
     RunnerContext,
@@ -55,6 +55,8 @@ CLOSE_TIMEOUT_S = 5.0
 TITLE_TIMEOUT_S = 0.5  # a hung page has no title worth waiting for
 FORK_PARALLEL = 4  # copies of one fork made at once
 RESET_TIMEOUT_S = 5.0  # a context that cannot be reset in this long is thrown away
+CONTEXT_RESERVE_MB = 96  # what a session's context and renderer take in the browser's group, measured ~60-90 MiB
+MEMORY_ADMIT_FRACTION = 0.9  # new sessions must leave this much of the browser's cap unused
 # What a page can write and read back: cleared between trajectories. Not "all": that also drops the
 # shader and code caches, which hold nothing of a page's and cost the next trajectory ~0.3 s of CPU.
 PAGE_STORAGE = (
@@ -499,6 +501,7 @@ class BrowserRunner:
             raise BadRequest(f"options.site: unknown site {opts.site!r}; known: {sorted(self.sites.roots)}")
         # Counted before the first await: concurrent opens and forks must not all pass the same check.
         refuse_at_session_cap("browser", self._held(), self.cfg.max_sessions_per_worker, session_id)
+        self._refuse_without_room(1, session_id)
         self._pending += 1
         try:
             tab = await self._take_tab()
@@ -516,6 +519,7 @@ class BrowserRunner:
         if src is None:
             raise UnknownSession(f"no browser session {source_id}", session_id=source_id)
         refuse_fork_at_cap("browser", self._held(), len(new_ids), self.cfg.max_sessions_per_worker, source_id)
+        self._refuse_without_room(len(new_ids), source_id)
         self._pending += len(new_ids)
         try:
             return await self._fork(src, source_id, new_ids)
@@ -524,6 +528,24 @@ class BrowserRunner:
 
     def _held(self) -> int:
         return len(self.sessions) + self._pending
+
+    def _refuse_without_room(self, n: int, session_id: str) -> None:
+        """Every session shares one browser and its memory cap: at the cap the OOM killer takes the whole
+        browser and every session in it. So ``n`` more contexts are refused (429, retry) while the browser
+        has not room for them on top of what it holds now and what is being opened."""
+        if self.cgroup is None:
+            return
+        used, limit = self.cgroup.memory()
+        if not limit:
+            return
+        want = (n + self._pending) * (CONTEXT_RESERVE_MB << 20)
+        if used + want > limit * MEMORY_ADMIT_FRACTION:
+            raise Saturated(
+                f"browser: {used >> 20} MiB of its {limit >> 20} MiB in use; {n} more session(s) would not fit "
+                "without risking every session of this browser; retry later",
+                retry_after_s=5.0,
+                session_id=session_id,
+            )
 
     async def _capture(self, src: Tab, source_id: str) -> tuple[Any, str, str | None, list[list[str]]]:
         """The source's cookies and storage, read through the browser (CDP), never through the page's own

@@ -70,6 +70,9 @@ class PythonRunnerConfig(RunnerConfig):
         ge=1024,
         description="Bytes of stdout and of stderr kept per step; the rest is dropped and the result says truncated.",
     )
+    max_fetch_bytes: int = Field(
+        8 << 20, ge=0, description="Largest total size of the files one step's `fetch_files` returns."
+    )
     output_kill_bytes: int = Field(
         16 << 20,
         ge=1024,

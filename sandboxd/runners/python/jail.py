@@ -246,7 +246,8 @@ class Jail:
         self._spawns: collections.deque[asyncio.Future[tuple[int, list[int]]]] = collections.deque()
         self._exits: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
-        self.starts = 0
+        self.zygote_pid = 0  # on the host; learnt from the zygote's first frame (SO_PASSCRED)
+        self._placing = asyncio.Lock()  # the zygote visits one executor's cgroup at a time
 
     @property
     def alive(self) -> bool:
@@ -263,6 +264,7 @@ class Jail:
         cfg_path.write_text(to_textproto(build_config(self.cfg, self.mode)))
         log_path = self.runtime_dir / f"{self.name}.log"
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the zygote's host pid, with its first frame
         # Join the slot's cgroup before exec, without preexec_fn (CPython's slow
         # fork path): a shell writes its pid into cgroup.procs, then execs nsjail.
         joins = " ".join(f"echo $$ > {shlex.quote(str(p))} &&" for p in self.cgroup.procs_files)
@@ -283,9 +285,11 @@ class Jail:
         ours.setblocking(False)
         self.ctl = ours
         self._ctl_buf.clear()
-        self.starts += 1
+        self._cred_pid = 0
         try:
             header = await asyncio.wait_for(self._next_ctl_frame(), SANDBOX_READY_TIMEOUT_S)
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)
+            self.zygote_pid = self._cred_pid
         except (TimeoutError, wire.WireError) as exc:
             tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
             await self.stop()
@@ -306,12 +310,14 @@ class Jail:
                     head = bytes(self._ctl_buf[wire.PREFIX.size : wire.PREFIX.size + head_len])
                     del self._ctl_buf[:total]
                     return dict(json.loads(head))
-            data, anc = await _recvmsg(self.ctl, 65536, socket.CMSG_SPACE(16 * 4))
+            data, anc = await _recvmsg(self.ctl, 65536, socket.CMSG_SPACE(16 * 4) + socket.CMSG_SPACE(12))
             for level, kind, payload in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     fds = array.array("i")
                     fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
                     self._fds.extend(fds)
+                elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    self._cred_pid = int.from_bytes(payload[:4], "little", signed=True)
             if not data:
                 raise wire.WireError(f"jail {self.name} closed its control channel")
             self._ctl_buf += data
@@ -355,15 +361,53 @@ class Jail:
             self._exits[ex_id] = fut
         return fut
 
-    async def spawn(self) -> Executor:
-        """Ask the zygote for one more executor and wait until it is locked down."""
+    async def spawn(self, into: CgroupGroup | None = None) -> Executor:
+        """Ask the zygote for one more executor and wait until it is locked down.
+
+        ``into``: the executor is born in that cgroup, never in the jail's. The zygote moves there for
+        the fork and back: what the kernel charges for a new process (its task, page tables, namespaces,
+        the pages it dirties setting up) is charged where the process is made and stays there. Forked in
+        the jail's group and moved after, each session left ~1 MB charged to the shared zygote's group,
+        and at its cap the OOM killer ended the zygote and every session of the jail.
+        """
         if self.ctl is None or not self.alive:
             raise SandboxSetupError(f"jail {self.name} is not running")
+        if into is None:
+            ex_id, fds = await self._fork()
+        else:
+            async with self._placing:
+                await asyncio.to_thread(self._visit, into)
+                try:
+                    ex_id, fds = await self._fork()
+                finally:
+                    await asyncio.to_thread(self._visit, self.cgroup)
+        return await self._handshake(ex_id, fds)
+
+    def _visit(self, group: CgroupGroup) -> None:
+        """Move the zygote into ``group`` (pinned by a pidfd and checked: a pid number is not a process)."""
+        if self.zygote_pid <= 0:
+            raise SandboxSetupError(f"jail {self.name}: its zygote's pid is unknown")
+        try:
+            pidfd = os.pidfd_open(self.zygote_pid)
+        except OSError as exc:
+            raise SandboxSetupError(f"jail {self.name}: its zygote is gone ({exc})") from exc
+        try:
+            if not self.alive:
+                raise SandboxSetupError(f"jail {self.name} is not running")
+            group.add(self.zygote_pid)
+        finally:
+            os.close(pidfd)
+
+    async def _fork(self) -> tuple[int, list[int]]:
+        assert self.ctl is not None
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[tuple[int, list[int]]] = loop.create_future()
         self._spawns.append(fut)
         await loop.sock_sendall(self.ctl, b"f")
-        ex_id, fds = await asyncio.wait_for(fut, SANDBOX_READY_TIMEOUT_S)
+        return await asyncio.wait_for(fut, SANDBOX_READY_TIMEOUT_S)
+
+    async def _handshake(self, ex_id: int, fds: list[int]) -> Executor:
+        loop = asyncio.get_running_loop()
         sock = socket.socket(fileno=fds[0])
         sock.setblocking(False)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -417,6 +461,26 @@ class Jail:
 
 
 CHANNEL_CLOSED_GRACE_S = 1.0  # a session channel at EOF: how long its executor's exit report may lag
+STAGE_FAILED = 125  # a one-shot executor's status when the step's files could not be written (it said why)
+HARNESS_FRAME_TIMEOUT_S = 2.0  # the executor has exited: its last frame is already in the socket
+
+
+def _exit_code(ex: Executor) -> int | None:
+    if ex.exit.done() and ex.exit.exception() is None:
+        code = ex.exit.result().get("exit_code")
+        return code if isinstance(code, int) else None
+    return None
+
+
+async def _harness_frame(sock: socket.socket, max_body: int) -> tuple[dict[str, Any], bytes] | None:
+    """The one-shot harness's last word (files it fetched, or why it could not stage the step), if it sent
+    one. Only the harness ever holds a one-shot's channel: the program runs after it is closed, or in a
+    child that closed it first."""
+    try:
+        async with asyncio.timeout(HARNESS_FRAME_TIMEOUT_S):
+            return await recv_frame(sock, wire.MAX_HEADER_BYTES, max_body)
+    except (TimeoutError, wire.WireError, OSError):
+        return None
 
 
 async def run_step(
@@ -436,6 +500,7 @@ async def run_step(
     open_fds = {ex.out_r: 1, ex.err_r: 2}
     killed_by: str | None = None
     timed_out = False
+    harness: tuple[dict[str, Any], bytes] | None = None
 
     def readable(fd: int) -> None:
         nonlocal killed_by
@@ -476,6 +541,8 @@ async def run_step(
                 if session:
                     step_exit = waiter.result()[0]
                     code = step_exit.get("exit_code")
+                    if step_exit.get("op") == "stage_error":
+                        break  # the cell never ran: its files could not be written
                     if step_exit.get("op") != "done" or not isinstance(code, int) or isinstance(code, bool):
                         step_exit = None  # a cell that wrote its own frames: the program broke its session
                         killed_by = killed_by or "protocol"
@@ -507,6 +574,8 @@ async def run_step(
             await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)  # the zygote's report
             # Everything in its pid namespace died with it, so the pipes close at once.
             await asyncio.wait({done}, timeout=SANDBOX_READY_TIMEOUT_S)
+            if killed_by is None and not timed_out and (header.get("fetch") or _exit_code(ex) == STAGE_FAILED):
+                harness = await _harness_frame(ex.sock, header.get("fetch_max_bytes", 0))
         if session and not waiter.done():
             waiter.cancel()
         elif session and not waiter.cancelled():
@@ -524,12 +593,25 @@ async def run_step(
                     break
                 out.add(open_fds[fd], chunk)
     result: dict[str, Any] = {"timed_out": timed_out, "killed_by": killed_by}
-    if step_exit is not None:
+    if step_exit is not None and step_exit.get("op") == "stage_error":
+        result.update(stage_error=str(step_exit.get("error")), exit_code=None, signal=None, alive=True)
+    elif step_exit is not None:
         result.update(exit_code=int(step_exit["exit_code"]), signal=None, alive=True)
     elif ex.exit.done() and ex.exit.exception() is None:
         result.update(ex.exit.result(), alive=False)
     else:
         result.update(exit_code=None, signal=None, alive=False, lost=True)
+    if harness is not None:
+        head, files = harness
+        if head.get("op") == "stage_error":
+            result["stage_error"] = str(head.get("error"))
+        elif head.get("op") == "fetched":
+            # The program's own status, as the process that ran nothing of it saw it end, and its files.
+            result.update(exit_code=head.get("exit_code"), signal=head.get("signal"), fetched=(head, files))
+    elif header.get("fetch"):
+        result["fetched"] = None  # the sandbox ended before the files could be read
+    if header.get("fetch"):
+        result["fetch_paths"] = header["fetch"]
     if result.get("signal") == signal.SIGXCPU or (
         result.get("signal") == signal.SIGKILL
         and killed_by is None

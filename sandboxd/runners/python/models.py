@@ -30,6 +30,14 @@ class PythonAction(BaseModel):
     file_encoding: Literal["utf-8", "base64"] = Field(
         "utf-8", description="How `files` contents are written: UTF-8 text, or base64 of the bytes (binary files)."
     )
+    fetch_files: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_FILES,
+        description="One-shot steps: files returned (base64, in `observation.files`) after the program ended: "
+        "relative paths in the working directory, or absolute ones anywhere the sandbox sees. One that cannot be "
+        "read (absent, not a regular file, past the node's `max_fetch_bytes` in all) is named in "
+        "`observation.files_missing` with the reason; the program's verdict never depends on it.",
+    )
 
     @field_validator("files")
     @classmethod
@@ -45,6 +53,36 @@ class PythonAction(BaseModel):
             if long:
                 raise ValueError(f"file name component longer than {MAX_NAME_BYTES} bytes: {long[0][:40]!r}...")
         return files
+
+    @field_validator("fetch_files")
+    @classmethod
+    def _fetchable(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if not path or "\x00" in path:
+                raise ValueError(f"fetch_files: {path!r} is not a path")
+            if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+                raise ValueError(f"fetch_files: path longer than {MAX_PATH_BYTES} bytes: {path[:40]!r}...")
+            if not path.startswith("/") and posixpath.normpath(path).startswith(".."):
+                raise ValueError(f"fetch_files: relative path {path!r} leaves the working directory")
+        return paths
+
+    @model_validator(mode="after")
+    def _creatable(self) -> PythonAction:
+        """Every file can be made: no path is a directory of another (``data`` and ``data/in.txt``), and no
+        two name the same file (``a/../b`` and ``b``). Otherwise the program would start without them."""
+        seen: dict[str, str] = {}
+        for path in self.files:
+            norm = posixpath.normpath(path)
+            if norm in seen:
+                raise ValueError(f"files: {path!r} and {seen[norm]!r} are the same file")
+            seen[norm] = path
+        for norm, path in seen.items():
+            parent = posixpath.dirname(norm)
+            while parent:
+                if parent in seen:
+                    raise ValueError(f"files: {seen[parent]!r} is a file, so {path!r} cannot be made inside it")
+                parent = posixpath.dirname(parent)
+        return self
 
     @model_validator(mode="after")
     def _decodable(self) -> PythonAction:
@@ -82,3 +120,9 @@ class PythonObservation(BaseModel):
     cpu_ms: float | None = None
     max_rss_kb: int | None = None
     session_alive: bool | None = Field(None, description="Sessions: false when this step ended the session's process.")
+    files: dict[str, str] | None = Field(
+        None, description="With `fetch_files`: each returned file's content, base64, by the path asked for."
+    )
+    files_missing: dict[str, str] | None = Field(
+        None, description="With `fetch_files`: each path not returned, and why."
+    )

@@ -10,13 +10,14 @@ its own, so one session's memory or fork bomb cannot starve another.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandboxd.errors import SandboxSetupError, SessionLost, UnknownSession
+from sandboxd.errors import BadRequest, SandboxSetupError, SessionLost, UnknownSession
 from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot, Counters
 from sandboxd.runners.python.config import PythonRunnerConfig
@@ -38,6 +39,26 @@ class Slot:
     cgroup: CgroupGroup
     next_executor: asyncio.Task[Executor] | None = None
     memory_bytes: int = 0
+
+
+@dataclass
+class Placed:
+    """A session sandbox made ahead: its executor, born in its own cgroup (``Jail.spawn(into=...)``)."""
+
+    executor: Executor
+    cgroup: CgroupGroup
+
+    def close(self) -> None:
+        self.executor.close()
+
+
+@dataclass
+class SessionJail:
+    """A jail whose zygote forks session sandboxes, and the ones it has ready."""
+
+    jail: Jail
+    host: CgroupGroup  # the parent of the zygote's group and of every session's group
+    warm: asyncio.Queue[asyncio.Task[Placed]] = field(default_factory=asyncio.Queue)
 
 
 @dataclass
@@ -64,6 +85,31 @@ def verdict(obs: PythonObservation) -> ProgramFailure | None:
     return None
 
 
+def fetched_files(
+    paths: list[str], fetched: tuple[dict[str, Any], bytes] | None, killed_by: str | None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``fetch_files`` as the observation gives them: base64 by path, and the paths not returned with why."""
+    if fetched is None:
+        why = "the sandbox ended before its files could be read"
+        if killed_by:
+            why = f"the sandbox ended at its {killed_by} limit before its files could be read"
+        return {}, dict.fromkeys(paths, why)
+    head, body = fetched
+    sizes = head.get("sizes") or []
+    reasons = head.get("missing") or {}
+    files: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    pos = 0
+    for i, path in enumerate(paths):
+        size = sizes[i] if i < len(sizes) and isinstance(sizes[i], int) else -1
+        if size < 0:
+            missing[path] = str(reasons.get(str(i), "not returned"))
+            continue
+        files[path] = base64.b64encode(body[pos : pos + size]).decode()
+        pos += size
+    return files, missing
+
+
 class PythonRunner:
     def __init__(self, cfg: PythonRunnerConfig, ctx: RunnerContext) -> None:
         self.cfg = cfg
@@ -71,7 +117,7 @@ class PythonRunner:
         self.name = ctx.name
         self.free: asyncio.Queue[Slot] = asyncio.Queue()
         self.slots: list[Slot] = []
-        self.session_jails: list[tuple[Jail, CgroupGroup, asyncio.Queue[asyncio.Task[Executor]]]] = []
+        self.session_jails: list[SessionJail] = []
         self.sessions: dict[str, Session] = {}
         self.root: CgroupRoot | None = None
         self._cold = asyncio.Semaphore(cfg.slots_per_worker)  # warm_pool=False: concurrent cold starts
@@ -79,6 +125,7 @@ class PythonRunner:
         self._healer: asyncio.Task[None] | None = None
         self._leftover_cgroups: list[CgroupGroup] = []
         self._cold_seq = 0
+        self._sandbox_seq = 0
         self.stats: dict[str, int] = {
             "sandbox_starts": 0,
             "jail_starts": 0,
@@ -109,10 +156,9 @@ class PythonRunner:
             host = self.root.slot(f"sessions{i}")
             zyg = host.child("zygote")
             zyg.set_limits(256 << 20, SLOT_OVERHEAD_PIDS + 4 * (self.cfg.warm_sessions_per_jail + 1))
-            jail = Jail(f"sessions{i}", "session", self.cfg, zyg, self.runtime_dir)
-            warm: asyncio.Queue[asyncio.Task[Executor]] = asyncio.Queue()
-            self.session_jails.append((jail, host, warm))
-            jobs.append(self._start_session_jail(jail, warm))
+            sj = SessionJail(Jail(f"sessions{i}", "session", self.cfg, zyg, self.runtime_dir), host)
+            self.session_jails.append(sj)
+            jobs.append(self._start_session_jail(sj))
         await asyncio.gather(*jobs)
         for slot in self.slots:
             self.free.put_nowait(slot)
@@ -123,16 +169,33 @@ class PythonRunner:
         slot.next_executor = asyncio.create_task(self._spawn(slot.jail))
         await asyncio.wait([slot.next_executor])
 
-    async def _start_session_jail(self, jail: Jail, warm: asyncio.Queue[asyncio.Task[Executor]]) -> None:
-        await jail.start()
+    async def _start_session_jail(self, sj: SessionJail) -> None:
+        await sj.jail.start()
         self.stats["jail_starts"] += 1
-        for _ in range(self.cfg.warm_sessions_per_jail):
-            warm.put_nowait(asyncio.create_task(self._spawn(jail)))
+        self._fill_warm(sj)
+
+    def _fill_warm(self, sj: SessionJail) -> None:
+        while sj.warm.qsize() < self.cfg.warm_sessions_per_jail:
+            sj.warm.put_nowait(asyncio.create_task(self._session_sandbox(sj)))
 
     async def _spawn(self, jail: Jail) -> Executor:
         mon = await jail.spawn()
         self.stats["sandbox_starts"] += 1
         return mon
+
+    async def _session_sandbox(self, sj: SessionJail) -> Placed:
+        """A session's sandbox in a cgroup of its own from birth: nothing it holds is charged to the jail."""
+        self._sandbox_seq += 1
+        cg = sj.host.child(f"x{self._sandbox_seq}")
+        try:
+            cg.set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
+            cg.set_cpu(self.cfg.cpu_cores)
+            executor = await sj.jail.spawn(into=cg)
+        except BaseException:
+            await self._remove_cgroup(cg)
+            raise
+        self.stats["sandbox_starts"] += 1
+        return Placed(executor, cg)
 
     async def close(self) -> None:
         for sess in list(self.sessions.values()):
@@ -143,18 +206,14 @@ class PythonRunner:
                 with contextlib.suppress(BaseException):
                     (await slot.next_executor).close()
             await slot.jail.stop()
-        for jail, _, warm in self.session_jails:
-            while not warm.empty():
-                task = warm.get_nowait()
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    (await task).close()
-            await jail.stop()
+        for sj in self.session_jails:
+            await self._drop_warm(sj)
+            await sj.jail.stop()
         if self.root is not None:
             await asyncio.to_thread(self.root.group.remove)
 
     async def health(self) -> dict[str, Any]:
-        alive = sum(s.jail.alive for s in self.slots) + sum(j.alive for j, _, _ in self.session_jails)
+        alive = sum(s.jail.alive for s in self.slots) + sum(sj.jail.alive for sj in self.session_jails)
         total = len(self.slots) + len(self.session_jails)
         if alive < total and (self._healer is None or self._healer.done()):
             self._healer = asyncio.create_task(self._heal())
@@ -188,14 +247,12 @@ class PythonRunner:
                         slot.next_executor = asyncio.create_task(self._spawn(slot.jail))
             finally:
                 self.free.put_nowait(slot)
-        for jail, _, warm in self.session_jails:
-            if not jail.alive:
+        for sj in self.session_jails:
+            if not sj.jail.alive:
                 with contextlib.suppress(SandboxSetupError, OSError, wire.WireError):
-                    await self._ensure_jail(jail)
-                    while not warm.empty():
-                        warm.get_nowait().cancel()
-                    for _ in range(self.cfg.warm_sessions_per_jail):
-                        warm.put_nowait(asyncio.create_task(self._spawn(jail)))
+                    await self._ensure_jail(sj.jail)
+                    await self._drop_warm(sj)
+                    self._fill_warm(sj)
 
     # ------------------------------------------------------------------ steps
 
@@ -215,11 +272,18 @@ class PythonRunner:
             "files": [[path, len(data)] for path, data in files],
             "stdin_len": len(stdin),
         }
+        if action.fetch_files:
+            header["fetch"] = action.fetch_files
+            header["fetch_max_bytes"] = self.cfg.max_fetch_bytes
         return header, b"".join(data for _, data in files) + stdin + code
 
     async def step(self, action: PythonAction, session_id: str | None, limits: StepLimits) -> StepOutcome:
         header, body = self._request(action, limits)
         if session_id is not None:
+            if action.fetch_files:
+                raise BadRequest(
+                    "fetch_files is for one-shot steps (a session's later cells can read its files themselves)"
+                )
             return await self._session_step(session_id, header, body, limits)
         if not self.cfg.warm_pool:
             async with self._cold:
@@ -311,6 +375,8 @@ class PythonRunner:
     def _observation(
         self, r: dict[str, Any], out: Output, before: Counters, after: Counters, session: bool = False
     ) -> StepOutcome:
+        if "stage_error" in r:  # the program never ran: what the client sent could not be written
+            raise BadRequest(f"the step's files could not be written in the sandbox: {r['stage_error']}")
         killed_by = r.get("killed_by")
         limits_hit: list[str] = []
         if after.oom_kills > before.oom_kills:
@@ -341,6 +407,8 @@ class PythonRunner:
             max_rss_kb=r.get("max_rss_kb"),
             session_alive=alive,
         )
+        if "fetched" in r:
+            obs.files, obs.files_missing = fetched_files(r["fetch_paths"], r["fetched"], killed_by)
         return StepOutcome(
             observation=obs,
             failure=verdict(obs),
@@ -355,37 +423,36 @@ class PythonRunner:
         if session_id in self.sessions:
             return
         refuse_at_session_cap("python", len(self.sessions), self.cfg.max_sessions_per_worker, session_id)
-        jail, host, warm = max(self.session_jails, key=lambda j: j[2].qsize())
-        executor = await self._warm_executor(jail, warm)
-        cg = host.child(f"s-{session_id}")
-        try:
-            cg.set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
-            cg.set_cpu(self.cfg.cpu_cores)
-            cg.move_charges_on_join()
-            if not executor.alive():  # never write a dead executor's pid number: it may be someone else's now
-                raise SandboxSetupError(f"session sandbox in {jail.name} died before it was placed")
-            cg.add(executor.host_pid)
-        except SandboxSetupError:
-            executor.close()
-            await self._remove_cgroup(cg)
-            raise
-        self.sessions[session_id] = Session(session_id, executor, cg, jail)
+        sj = max(self.session_jails, key=lambda j: j.warm.qsize())
+        placed = await self._warm_sandbox(sj)
+        self.sessions[session_id] = Session(session_id, placed.executor, placed.cgroup, sj.jail)
 
-    async def _warm_executor(self, jail: Jail, warm: asyncio.Queue[asyncio.Task[Executor]]) -> Executor:
-        """A live pre-forked executor of ``jail``; dead ones (their jail died) are dropped, not handed out."""
-        while not warm.empty():
-            task = warm.get_nowait()
-            warm.put_nowait(asyncio.create_task(self._spawn(jail)))
+    async def _warm_sandbox(self, sj: SessionJail) -> Placed:
+        """A live pre-forked sandbox of ``sj``; dead ones (their jail died) are dropped, not handed out."""
+        while not sj.warm.empty():
+            task = sj.warm.get_nowait()
+            self._fill_warm(sj)
             try:
-                executor = await task
+                placed = await task
             except (SandboxSetupError, OSError, wire.WireError):
                 break
-            if executor.alive() and jail.alive:
-                return executor
-            executor.close()
+            if placed.executor.alive() and sj.jail.alive:
+                return placed
+            await self._discard(placed)
             break
-        await self._ensure_jail(jail)
-        return await self._spawn(jail)
+        await self._ensure_jail(sj.jail)
+        return await self._session_sandbox(sj)
+
+    async def _drop_warm(self, sj: SessionJail) -> None:
+        while not sj.warm.empty():
+            task = sj.warm.get_nowait()
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._discard(await task)
+
+    async def _discard(self, placed: Placed) -> None:
+        placed.close()
+        await self._remove_cgroup(placed.cgroup)
 
     async def _ensure_jail(self, jail: Jail) -> None:
         """Restart a dead jail once, however many requests find it dead at the same time."""

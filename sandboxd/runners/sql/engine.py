@@ -27,6 +27,7 @@ a 4-byte big-endian length and a JSON body.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import decimal
@@ -223,13 +224,6 @@ def child_main(sock: socket.socket, cfg: dict[str, Any], req: dict[str, Any]) ->
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:  # the fork server died before we set the signal
         return
-    me = str(os.getpid()).encode()
-    for procs in req["cgroup_procs"]:
-        fd = os.open(procs, os.O_WRONLY)
-        try:
-            os.write(fd, me)
-        finally:
-            os.close(fd)
     os.unshare(os.CLONE_NEWNET | os.CLONE_NEWIPC)
     uid = int(cfg["uid"])
     # The engine's own directory is its working directory, so DuckDB can create its spill directory
@@ -280,6 +274,17 @@ def child_main(sock: socket.socket, cfg: dict[str, Any], req: dict[str, Any]) ->
             return  # the statement's thread cannot be stopped: end the process (os._exit below)
 
 
+def _join(procs_files: list[str]) -> None:
+    """Move this process into the group whose ``cgroup.procs`` files these are."""
+    me = str(os.getpid()).encode()
+    for procs in procs_files:
+        fd = os.open(procs, os.O_WRONLY)
+        try:
+            os.write(fd, me)
+        finally:
+            os.close(fd)
+
+
 def fork_server(ctl: socket.socket, cfg: dict[str, Any]) -> None:
     """Fork one engine per request; send back its pid and a pidfd (a pid number alone can be reused)."""
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -310,7 +315,21 @@ def fork_server(ctl: socket.socket, cfg: dict[str, Any]) -> None:
             continue
         # The child must not be reaped before its pidfd exists, or its number could be someone else's.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-        pid = os.fork()
+        # Born in its own cgroup: what the kernel charges for a new process stays where it was made, so the
+        # fork server visits the engine's group for the fork (an engine that moved itself later left its
+        # fork-time charges on the worker's group, one lot per engine the worker ever made).
+        try:
+            _join(req["cgroup_procs"])
+            pid = os.fork()
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                _join(cfg["home_procs"])
+            os.close(fds[0])
+            ctl.send(orjson.dumps({"id": req["id"], "error": f"fork into its cgroup: {exc}"}))
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+            continue
+        if pid != 0:
+            _join(cfg["home_procs"])  # back home (root, in its own group: this cannot fail but by a bug)
         if pid == 0:
             code = 0
             try:

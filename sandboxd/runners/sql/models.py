@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -36,12 +34,3 @@ class SQLObservation(BaseModel):
     error: str | None = None
     elapsed_ms: float = 0.0
     tpch: int | None = None
-
-
-def as_csv(columns: list[str], rows: list[list[Any]]) -> str:
-    """A result as CSV with a header line: what text-only clients (SandboxFusion's stdout, Gymnasium) read."""
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(columns)
-    writer.writerows(rows)
-    return buf.getvalue()

@@ -78,6 +78,7 @@ class SQLRunner:
                 "grace_s": self.cfg.interrupt_grace_s,
                 "recycle_bytes": int((self.cfg.memory_mb << 20) * RECYCLE_AT_MEMORY_FRACTION),
                 "uid": JAIL_UID,
+                "home_procs": [str(p) for p in self.root.own().procs_files],
             },
             self.temp_root,
             frame_limit=2 * self.cfg.max_result_bytes + (1 << 20),
