@@ -8,7 +8,9 @@
     │   ├── PayloadTooLarge      413     code, stdin or files over the configured cap
     │   ├── UnknownSession       404     no such session (never existed, closed, reaped)
     │   ├── SessionBusy          409     a step is already running in that session
+    │   ├── SessionExpired       410     the session reached its TTL during the step and was ended
     │   ├── UnknownRunner        422     runner kind not enabled on this node
+    │   ├── NotFound             404     a path that names nothing here (e.g. /envs/<a kind not run here>)
     │   ├── Unauthorized         401     no API key, or one this node does not know
     │   └── Forbidden            403     an operation this caller may not ask for (drain from off the node)
     └── InfraError               500     the service failed, not the program (blame: infra)
@@ -19,6 +21,7 @@
         ├── SessionLost          410     the session's sandbox is gone (worker or node died, killed)
         ├── ShuttingDown         503     the node is draining
         ├── StoreUnavailable     503     the shared store (Redis) did not answer; one-shots still run
+        ├── NodeIdConflict       503     another live node holds this node's id: it makes no sessions
         └── NodeUnreachable      502     the node that owns the session did not answer (retry)
 
 Trainers must mask infrastructure failures instead of scoring them as a zero
@@ -128,9 +131,23 @@ class SessionBusy(ClientError):
     code = "session_busy"
 
 
+class SessionExpired(ClientError):
+    """The session's lifetime (its ``ttl_s``, at most the node's ``session_ttl_s``) ran out during a step: the
+    service ended it, by the limit the session was created with. Not the program's failure (it was stopped,
+    not failed), nor the service's (it did what the session's lifetime said)."""
+
+    status = 410
+    code = "session_expired"
+
+
 class UnknownRunner(ClientError):
     status = 422
     code = "unknown_runner"
+
+
+class NotFound(ClientError):
+    status = 404
+    code = "not_found"
 
 
 class Unauthorized(ClientError):
@@ -187,6 +204,15 @@ class StoreUnavailable(InfraError):
 
     status = 503
     code = "store_unavailable"
+    default_retry_after_s = 1.0
+
+
+class NodeIdConflict(InfraError):
+    """Another live node holds this node's ``SANDBOXD_NODE_ID``: this one stays out of the service (not ready)
+    and makes no sessions until that node's registry entry expires; retry on another node."""
+
+    status = 503
+    code = "node_id_conflict"
     default_retry_after_s = 1.0
 
 

@@ -1,4 +1,5 @@
-"""The node: validation, admission, routing and results, independent of HTTP.
+"""The node: validation, admission, routing and results. It has no HTTP routes of its own; the one HTTP it
+speaks is forwarding a session's request to the node that owns it (``sandboxd.cluster``).
 
 API surfaces (``sandboxd/api/``) call these methods and render what comes
 back in their own shape. Every failure is a ``SandboxdError``; a step's
@@ -42,18 +43,20 @@ from sandboxd.errors import (
     SandboxdError,
     Saturated,
     SessionBusy,
+    SessionExpired,
     SessionLost,
     ShuttingDown,
     UnknownRunner,
     WorkerDied,
 )
+from sandboxd.ids import new_session_id
 from sandboxd.metrics import Metrics
 from sandboxd.registry import kinds
 from sandboxd.rollouts import RolloutClock
 from sandboxd.runners.base import RunnerKind, StepLimits, WireOutcome
 from sandboxd.scheduler import Scheduler
 from sandboxd.stores.idempotency import IdempotencyStore, MemoryIdempotencyStore, fingerprint
-from sandboxd.stores.sessions import MemorySessionStore, SessionRecord, SessionStore, new_session_id
+from sandboxd.stores.sessions import MemorySessionStore, SessionRecord, SessionStore
 from sandboxd.supervisor import Supervisor, WorkerHandle
 
 log = logging.getLogger("sandboxd.gateway")
@@ -99,6 +102,7 @@ class Gateway:
         self._reaper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._busy: set[str] = set()  # sessions with a step running: a second one is a 409, not a queue
+        self._expired_mid_step: dict[str, str] = {}  # sessions the reaper ended at their TTL during a step
         self._forking: Counter[str] = Counter()  # sessions being copied: forks may overlap, steps may not
         self._tenant_inflight: Counter[str] = Counter()
         self._own_runtime_dir = not settings.runtime_dir
@@ -185,6 +189,7 @@ class Gateway:
         ok = (
             self.started
             and not self.draining
+            and (self.cluster is None or self.cluster.registry.held_by is None)
             and all(
                 w.alive and all(h.get("ready", True) for h in (w.health.get("runners") or {}).values())
                 for w in self.supervisor.workers
@@ -200,12 +205,15 @@ class Gateway:
             "inflight": self.inflight,
         }
         if self.cluster is not None:  # a node without Redis still serves one-shots: ready, but say so
-            body["cluster"] = {
+            cluster: dict[str, Any] = {
                 "store": "ok" if self.cluster.registry.healthy else "unavailable",
                 "incarnation": self.cluster.incarnation,
                 "url": self.cluster.me.url,
                 "peers": sorted(self.cluster.registry.peers),
             }
+            if (holder := self.cluster.registry.held_by) is not None:
+                cluster["node_id_held_by"] = {"url": holder.url, "incarnation": holder.incarnation}
+            body["cluster"] = cluster
         return ok, body
 
     def kind(self, name: str) -> RunnerKind:
@@ -341,7 +349,14 @@ class Gateway:
         call = {"runner": req.runner, "action": action, "limits": limits.__dict__}
         try:
             if req.session_id is not None:
-                raw, index = await self._session_step(req.session_id, tenant, req.runner, call)
+                try:
+                    raw, index = await self._session_step(req.session_id, tenant, req.runner, call)
+                except SandboxdError as exc:
+                    if (expired := self._expired_mid_step.pop(req.session_id, None)) is not None:
+                        raise SessionExpired(expired, session_id=req.session_id, worker=exc.worker) from None
+                    raise
+                if (expired := self._expired_mid_step.pop(req.session_id, None)) is not None:
+                    return self._expired(req, expired, raw, index, start)
             else:
                 assert self.scheduler is not None
                 deadline = queue_deadline if queue_deadline is not None else start + self.settings.queue_timeout_s
@@ -369,6 +384,14 @@ class Gateway:
             runner=req.runner,
             session_id=req.session_id,
         )
+
+    def _expired(self, req: StepRequest, why: str, raw: dict[str, Any], worker: int, start: float) -> StepResult:
+        """A step cut short by its session's TTL: what it did until then, said as the session's end (410,
+        ``session_expired``), never as the program's exit or kill."""
+        result = self._failed(req.runner, SessionExpired(why, session_id=req.session_id), start, req.session_id)
+        result.observation = WireOutcome.from_wire(raw).observation
+        result.worker = worker
+        return result
 
     async def _session_step(
         self, session_id: str, tenant: str, runner: str, call: dict[str, Any]
@@ -513,6 +536,8 @@ class Gateway:
     async def _create_session(self, req: SessionCreate, tenant: str) -> SessionInfo:
         if self.draining:
             raise ShuttingDown("this node is shutting down; create the session on another node")
+        if self.cluster is not None:
+            self.cluster.refuse_if_out()
         await self._check_room(tenant, 1)
         ttl, idle = self._lifetimes(req.ttl_s, req.idle_timeout_s)
         alive = [w for w in self.supervisor.workers if w.alive and req.runner in w.capacity]
@@ -551,6 +576,8 @@ class Gateway:
             return ForkResult.model_validate(data)
         if self.draining:
             raise ShuttingDown("this node is shutting down; it makes no new sessions")
+        if self.cluster is not None:
+            self.cluster.refuse_if_out()
         s = self.settings
         if req.n > s.fork_max_copies:
             raise BadRequest(f"n: {req.n} copies; this node makes at most fork_max_copies {s.fork_max_copies}")
@@ -634,5 +661,10 @@ class Gateway:
             for rec, why in await self.sessions.expired():
                 if why == "idle" and (rec.session_id in self._busy or self._forking[rec.session_id]):
                     continue  # a session running a step is not idle, however long the step (its TTL still holds)
+                if why == "ttl" and rec.session_id in self._busy:
+                    self._expired_mid_step[rec.session_id] = (
+                        f"session {rec.session_id} reached its TTL of {rec.ttl_s:g} s during this step and was "
+                        "ended; the observation, if any, is what the step had done by then"
+                    )
                 self.metrics.sessions_reaped.labels(why).inc()
                 await self._forget(rec.session_id, f"reaped ({why})")

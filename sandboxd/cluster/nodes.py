@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import orjson
 from redis.asyncio import Redis
@@ -27,6 +28,38 @@ from sandboxd.errors import StoreUnavailable
 from sandboxd.stores.redis import SharedRedis
 
 log = logging.getLogger("sandboxd.cluster")
+
+
+# Renew a node's entry only if it is absent or ours: "joined" (absent before: publish our sessions),
+# "renewed", or {"held", entry} when another incarnation holds the id (nothing is written).
+RENEW = """
+local cur = redis.call('GET', KEYS[1])
+local state = 'joined'
+if cur then
+  local ok, entry = pcall(cjson.decode, cur)
+  if ok and type(entry) == 'table' then
+    if entry['incarnation'] ~= ARGV[2] then
+      return {'held', cur}
+    end
+    state = 'renewed'
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[4])
+return state
+"""
+
+
+# Replace the entry only if it is still the one we found (ARGV[1]): a predecessor that is gone.
+TAKE_OVER = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
+redis.call('SADD', KEYS[2], ARGV[5])
+return 1
+"""
+PROBE_TIMEOUT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -61,6 +94,7 @@ class NodeRegistry:
         self.known: dict[str, Peer] = {}  # the last entry of every node seen alive, kept after it expires
         self.seen: dict[str, float] = {}  # node id -> when a beat last found it alive (monotonic)
         self.fresh_at = 0.0  # when the registry was last read whole
+        self.held_by: Peer | None = None  # another live incarnation holds our node id: we stay out
         self.healthy = False
         self._task: asyncio.Task[None] | None = None
 
@@ -68,20 +102,74 @@ class NodeRegistry:
         return orjson.dumps({"url": self.me.url, "incarnation": self.me.incarnation, "at": time.time()})
 
     async def beat(self) -> None:
-        """Renew our entry (re-publishing our sessions if it had gone) and read everyone's."""
+        """Renew our entry (re-publishing our sessions if it had gone) and read everyone's.
+
+        Only our own entry is ever written: one held by another incarnation of our id is a live node
+        (two nodes started with one ``SANDBOXD_NODE_ID``, or our predecessor's entry not yet expired),
+        and overwriting it would make each node's sessions unreachable through the others in turn. Then
+        this node stays out (``held_by``: not ready, no sessions of its own) until that entry expires.
+        """
         key, nodes = self.redis.key("node", self.me.node_id), self.redis.key("nodes")
-
-        async def renew(r: Redis) -> bytes | None:
-            async with r.pipeline(transaction=False) as pipe:
-                pipe.set(key, self._entry(), px=self.ttl_ms, get=True)
-                pipe.sadd(nodes, self.me.node_id)
-                before, _ = await pipe.execute()
-            return before  # type: ignore[no-any-return]
-
-        before = await self.redis.call("renew this node's heartbeat", renew)
-        if before is None or orjson.loads(before).get("incarnation") != self.me.incarnation:
-            await self.on_rejoin()
+        args = (self._entry(), self.me.incarnation, self.ttl_ms, self.me.node_id)
+        answer = await self.redis.call("renew this node's heartbeat", lambda r: r.eval(RENEW, 2, key, nodes, *args))
+        state, before = (answer[0], answer[1]) if isinstance(answer, list) and len(answer) == 2 else (answer, b"")
+        state = state.decode() if isinstance(state, bytes) else str(state)
+        if state == "held":
+            holder = Peer.parse(self.me.node_id, before)
+            if await self._predecessor(holder):
+                # Our own earlier incarnation (killed without leaving): nothing listens where it was, or we
+                # listen there now (a StatefulSet pod keeps its address). Its sessions went with it.
+                taken = await self.redis.call(
+                    "take over this node's id", lambda r: r.eval(TAKE_OVER, 2, key, nodes, before, *args)
+                )
+                if taken:
+                    log.warning(
+                        "node %s: took over its id from incarnation %s at %s (gone)",
+                        self.me.node_id,
+                        holder.incarnation,
+                        holder.url,
+                    )
+                    self.held_by = None
+                    await self.on_rejoin()
+                    await self.read()
+                    return
+            if self.held_by != holder:
+                log.error(
+                    "node id %r is held by another live node (incarnation %s at %s): this node (incarnation %s "
+                    "at %s) stays out of the service, not ready, until that node's entry expires; give each "
+                    "node its own SANDBOXD_NODE_ID",
+                    self.me.node_id,
+                    holder.incarnation,
+                    holder.url,
+                    self.me.incarnation,
+                    self.me.url,
+                )
+            self.held_by = holder
+        else:
+            if self.held_by is not None:
+                log.warning("node id %r is free again: this node joins the service", self.me.node_id)
+            self.held_by = None
+            if state == "joined":
+                await self.on_rejoin()
         await self.read()
+
+    async def _predecessor(self, holder: Peer) -> bool:
+        """True when the incarnation holding our id is surely gone: it was at our own address, or nothing
+        accepts a connection at its address. A live duplicate (another process with our id) answers."""
+        if holder.url == self.me.url:
+            return True
+        parts = urlsplit(holder.url)
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                _, writer = await asyncio.open_connection(parts.hostname or "127.0.0.1", parts.port or 80)
+        except ConnectionRefusedError:
+            return True
+        except (OSError, TimeoutError):
+            return False  # unreachable is not gone: it may be cut off while it lives
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return False
 
     async def read(self) -> None:
         nodes_key = self.redis.key("nodes")

@@ -17,10 +17,18 @@ from typing import Any
 from sandboxd.cluster.forward import Forwarder, PeerDown, PeerFailed, PeerRefused
 from sandboxd.cluster.nodes import NodeRegistry, Peer
 from sandboxd.config import NodeSettings
-from sandboxd.errors import NodeUnreachable, SandboxdError, SessionLost, StoreUnavailable, UnknownSession, from_dict
+from sandboxd.errors import (
+    NodeIdConflict,
+    NodeUnreachable,
+    SandboxdError,
+    SessionLost,
+    StoreUnavailable,
+    UnknownSession,
+    from_dict,
+)
+from sandboxd.ids import owner_of
 from sandboxd.stores.idempotency import MemoryIdempotencyStore
 from sandboxd.stores.redis import RedisIdempotencyStore, RedisSessionStore, SharedRedis
-from sandboxd.stores.sessions import owner_of
 
 log = logging.getLogger("sandboxd.cluster")
 
@@ -64,7 +72,17 @@ class Cluster:
         await self.redis.close()
 
     def owns(self, session_id: str) -> bool:
-        return owner_of(session_id) in (None, self.node_id)
+        """Ours to serve here. While another live node holds our id, sessions named by it are that node's."""
+        return owner_of(session_id) in (None, self.node_id) and self.registry.held_by is None
+
+    def refuse_if_out(self) -> None:
+        """A node kept out of the service (its id held by a live node) makes no sessions: nobody could route
+        to them."""
+        if (holder := self.registry.held_by) is not None:
+            raise NodeIdConflict(
+                f"this node's id {self.node_id!r} is held by another live node ({holder.url}); it makes no "
+                "sessions until that node leaves: create the session on another node"
+            )
 
     async def _gone(self, session_id: str, tenant: str, owner: str, process_gone: bool = False) -> SandboxdError:
         """What to answer for a session whose owner is not there: lost, unknown, or ask again.
@@ -100,39 +118,54 @@ class Cluster:
 
         A node is lost when it cannot be reached, not merely when its heartbeat is late: an owner whose
         entry expired (its event loop stalled past the TTL, or Redis restarted) is still tried at its last
-        known address, and its answer is the answer. Only a refused connection (nothing listens there: the
-        process that held the session is gone) or an unreachable node no longer registered is a 410.
+        known address, and its answer is the answer. An owner this node has not seen yet (it joined since
+        our last beat) or that no longer answers where we knew it (it restarted elsewhere as a new
+        incarnation) is looked up in the registry and tried there: the owner itself says whether the
+        session is one of its own. Only a refused connection to the registered address (nothing listens:
+        the process that held the session is gone) or an unreachable node no longer registered is a 410.
         """
         owner = owner_of(session_id)
-        assert owner is not None and owner != self.node_id
+        assert owner is not None
         peer = self.registry.peers.get(owner) or self.registry.known.get(owner)
         if peer is None:
-            if not self.registry.healthy:
-                raise StoreUnavailable(
-                    f"cannot tell where session {session_id} lives: the shared store does not answer",
-                    session_id=session_id,
-                )
-            raise await self._gone(session_id, tenant, owner)
-        try:
-            status, data = await self.forwarder.send(peer, method, path, body, timeout_s)
-        except PeerRefused:
-            raise await self._gone(session_id, tenant, owner, process_gone=True) from None
-        except PeerDown as exc:
+            peer = await self._registered(owner, session_id)
+            if peer is None:
+                raise await self._gone(session_id, tenant, owner)
+        tried: set[Peer] = set()
+        while True:
+            tried.add(peer)
             try:
-                registered = await self.registry.lookup(owner)
-            except StoreUnavailable:
-                registered = peer  # cannot tell: do not call it lost
-            if registered is None:
-                raise await self._gone(session_id, tenant, owner) from None
-            raise NodeUnreachable(
-                f"node {owner} owns session {session_id} and did not answer: {exc}", session_id=session_id
-            ) from None
-        except PeerFailed as exc:
-            raise NodeUnreachable(
-                f"node {owner} owns session {session_id} and failed to answer the forwarded request: {exc}",
+                return await self.forwarder.send(peer, method, path, body, timeout_s)
+            except PeerDown as exc:
+                try:
+                    registered = await self.registry.lookup(owner)
+                except StoreUnavailable:
+                    registered = peer  # cannot tell: do not call it lost
+                if registered is not None and registered not in tried:
+                    peer = registered  # the owner registered anew (restarted, moved): ask it there
+                    continue
+                if isinstance(exc, PeerRefused):
+                    raise await self._gone(session_id, tenant, owner, process_gone=True) from None
+                if registered is None:
+                    raise await self._gone(session_id, tenant, owner) from None
+                raise NodeUnreachable(
+                    f"node {owner} owns session {session_id} and did not answer: {exc}", session_id=session_id
+                ) from None
+            except PeerFailed as exc:
+                raise NodeUnreachable(
+                    f"node {owner} owns session {session_id} and failed to answer the forwarded request: {exc}",
+                    session_id=session_id,
+                ) from None
+
+    async def _registered(self, owner: str, session_id: str) -> Peer | None:
+        """The registry's entry for ``owner`` now (not the last beat's copy); 503 when it cannot be read."""
+        try:
+            return await self.registry.lookup(owner)
+        except StoreUnavailable:
+            raise StoreUnavailable(
+                f"cannot tell where session {session_id} lives: the shared store does not answer",
                 session_id=session_id,
             ) from None
-        return status, data
 
 
 def raise_for(status: int, data: Any) -> None:
