@@ -18,6 +18,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
+from sandboxd import __version__
 from sandboxd.api import fusion, native, openenv, ops
 from sandboxd.api.auth import Auth
 from sandboxd.api.limits import BodyLimit
@@ -49,7 +50,7 @@ def create_app(settings: NodeSettings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="sandboxd",
-        version="0.1.0",
+        version=__version__,
         summary="Sandbox execution for agentic RL rollouts and agent inference",
         lifespan=lifespan,
     )

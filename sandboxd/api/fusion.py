@@ -24,32 +24,25 @@ What callers of this contract rely on, and how it is kept here:
 """
 
 import asyncio
-import contextlib
-import posixpath
 import random
-import secrets
 import time
-from dataclasses import dataclass
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from sandboxd.api.auth import Auth
-from sandboxd.api.models import Limits, SessionCreate, StepRequest, StepResult
+from sandboxd.api.models import Limits, StepRequest, StepResult
 from sandboxd.api.surface import json_response, surface_router
+from sandboxd.csvtext import as_csv
 from sandboxd.errors import BadRequest, DeadlineExceeded, SandboxdError, Saturated, ShuttingDown
 from sandboxd.gateway import Gateway
 from sandboxd.runners.python.config import PythonRunnerConfig
-from sandboxd.runners.sql.models import as_csv
 
 LANGUAGES = ("python", "sql")  # the ones this node can run; SandboxFusion's others get a clear 422
-FETCH_MARKER = "\x00sandboxd-fetch:"
 MIN_MEMORY_MB = 16  # the smallest sandbox the runner makes (Limits.memory_mb)
-MAX_FETCH_FILES = 1000
-FETCH_TIMEOUT_S = 30.0  # reading back files the program wrote (a tmpfs: fast unless they are huge)
+MAX_FETCH_FILES = 1000  # as the python runner's fetch_files
 
 
 class RunCodeRequest(BaseModel):
@@ -145,51 +138,6 @@ def sql_result(res: StepResult) -> dict[str, Any]:
     }
 
 
-def _fetch_program(paths: list[str], marker: str) -> str:
-    """A cell that ends the program as a one-shot would end, then returns files of its working directory.
-
-    A one-shot program's end joins its non-daemon threads and runs its atexit handlers
-    before the interpreter exits; a session cell does neither, so this cell does it first
-    (their output is the program's, and is added to its result). The program ran in the
-    same interpreter and may have replaced anything, so the fetch imports what it needs
-    under its own names and writes to the original stdout; whatever a program does to it
-    can only spoil its own files, which is its own result.
-    """
-    return (
-        "def __sandboxd_fetch(paths, marker):\n"
-        "    import atexit as _a, base64 as _b, json as _j, os as _o, sys as _s, threading as _t\n"
-        "    try:\n"
-        "        _t._shutdown()\n"
-        "        _a._run_exitfuncs()\n"
-        "    finally:\n"
-        "        for stream in (_s.stdout, _s.stderr):\n"
-        "            try:\n"
-        "                stream.flush()\n"
-        "            except Exception:\n"
-        "                pass\n"
-        "    got, errors = {}, {}\n"
-        "    for p in paths:\n"
-        "        try:\n"
-        "            with open(_o.path.join('/tmp', p), 'rb') as f:\n"
-        "                got[p] = _b.b64encode(f.read()).decode()\n"
-        "        except OSError as e:\n"
-        "            errors[p] = e.strerror or type(e).__name__\n"
-        "    _s.__stdout__.write('\\n' + marker + _j.dumps({'files': got, 'errors': errors}) + '\\n')\n"
-        "    _s.__stdout__.flush()\n"
-        f"__sandboxd_fetch({paths!r}, {marker!r})\n"
-    )
-
-
-def _fetch_paths(paths: list[str]) -> list[str]:
-    out = []
-    for p in paths:
-        rel = posixpath.normpath(p[len("/tmp/") :] if p.startswith("/tmp/") else p)
-        if not p or rel.startswith(("/", "..")) or rel == "." or "\x00" in p:
-            raise BadRequest(f"fetch_files: {p!r} is not a path inside the working directory")
-        out.append(rel)
-    return out
-
-
 class FusionRunner:
     """Runs one /run_code request on the gateway: waits for room instead of refusing, within its deadline."""
 
@@ -250,52 +198,18 @@ class FusionRunner:
             "files": {p: c or "" for p, c in req.files.items()},
             "file_encoding": "base64",
         }
+        if req.fetch_files:
+            action["fetch_files"] = req.fetch_files
         limits = Limits(memory_mb=memory_mb)
-        if not req.fetch_files:
-            step = StepRequest(runner="python", action=action, timeout_s=req.run_timeout, limits=limits)
-            res = await self._until_admitted(lambda: self.gateway.step(step, tenant, deadline), deadline)
-            self._check(res)
-            return self._response(python_result(res, memory_mb), {}, "", res)
-        return await self._run_and_fetch(req, tenant, action, limits, memory_mb, deadline)
-
-    async def _run_and_fetch(
-        self, req: RunCodeRequest, tenant: str, action: dict[str, Any], limits: Limits, memory_mb: int, deadline: float
-    ) -> dict[str, Any]:
-        """fetch_files: the program runs as the first cell of a private session, a fetch cell reads its files.
-
-        A one-shot's working directory ends with its program, by design; a session keeps it
-        for one more cell. The session is closed whatever happens.
-        """
-        paths = _fetch_paths(req.fetch_files)
-        info = await self._until_admitted(
-            lambda: self.gateway.create_session(SessionCreate(runner="python"), tenant), deadline
+        step = StepRequest(runner="python", action=action, timeout_s=req.run_timeout, limits=limits)
+        res = await self._until_admitted(lambda: self.gateway.step(step, tenant, deadline), deadline)
+        self._check(res)
+        obs = res.observation or {}
+        missing = obs.get("files_missing") or {}
+        note = "; ".join(f"{path}: {why}" for path, why in missing.items())
+        return self._response(
+            python_result(res, memory_mb), obs.get("files") or {}, note and f"fetch_files: {note}", res
         )
-        sid = info.session_id
-        try:
-            step = StepRequest(runner="python", action=action, session_id=sid, timeout_s=req.run_timeout, limits=limits)
-            res = await self.gateway.step(step, tenant)
-            self._check(res)
-            result = python_result(res, memory_mb)
-            files: dict[str, str] = {}
-            note = ""
-            if (res.observation or {}).get("session_alive") is False:
-                note = "fetch_files: the program's sandbox ended with it (timeout or kill); no files"
-            else:
-                marker = FETCH_MARKER + secrets.token_hex(8) + ":"
-                fetch = StepRequest(
-                    runner="python",
-                    action={"code": _fetch_program(paths, marker)},
-                    session_id=sid,
-                    timeout_s=min(self.gateway.settings.max_timeout_s, req.run_timeout + FETCH_TIMEOUT_S),
-                )
-                got = _parse_fetch(await self.gateway.step(fetch, tenant), marker, self._python().max_output_bytes)
-                files, note = got.files, got.note
-                result["stdout"] += got.stdout
-                result["stderr"] += got.stderr  # an exit handler that raised is printed, exit status kept: as python
-            return self._response(result, files, note, res)
-        finally:
-            with contextlib.suppress(SandboxdError):  # already gone with its program
-                await self.gateway.close_session(sid, tenant, why="run_code finished")
 
     def _response(self, result: dict[str, Any], files: dict[str, str], note: str, res: StepResult) -> dict[str, Any]:
         status = run_status([result])
@@ -309,39 +223,6 @@ class FusionRunner:
             "blame": None if status == "Success" else "program",
             "worker": res.worker,
         }
-
-
-@dataclass
-class Fetched:
-    files: dict[str, str]
-    note: str
-    stdout: str = ""  # what the program's threads and atexit handlers printed after its main code
-    stderr: str = ""
-
-
-def _parse_fetch(res: StepResult, marker: str, cap: int) -> Fetched:
-    obs = res.observation or {}
-    out = obs.get("stdout", "")
-    if res.error is not None and res.error.blame != "program":
-        return Fetched({}, f"fetch_files failed: {res.error.message}")
-    head, found, tail = out.partition("\n" + marker)
-    late_err = obs.get("stderr", "")
-    try:
-        doc = orjson.loads(tail.split("\n", 1)[0]) if found else None
-        files = {str(k): str(v) for k, v in doc["files"].items()} if doc else None
-        errors = {str(k): str(v) for k, v in doc["errors"].items()} if doc else {}
-    except (orjson.JSONDecodeError, KeyError, AttributeError, TypeError):
-        files = None
-    if files is None:
-        if obs.get("stdout_truncated"):
-            why = f"fetch_files: the files are larger than this node returns ({cap * 3 // 4} bytes in all)"
-        elif found:
-            why = "fetch_files: the program's state spoiled the fetch"
-        else:
-            why = "fetch_files: no files returned (the program's threads, exit handlers or state kept the fetch back)"
-        return Fetched({}, why, head, late_err)
-    note = "; ".join(f"{p}: {e}" for p, e in errors.items())
-    return Fetched(files, f"fetch_files: {note}" if note else "", head, late_err)
 
 
 def router(gateway: Gateway, auth: Auth) -> APIRouter:

@@ -28,8 +28,11 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
-from starlette.routing import BaseRoute
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sandboxd import __version__
 from sandboxd.api.auth import Auth
 from sandboxd.api.models import SessionCreate, StepRequest, StepResult
 from sandboxd.errors import SandboxdError
@@ -70,6 +73,29 @@ def _result(res: StepResult) -> dict[str, Any]:
     }
 
 
+class NoStream:
+    """``GET /mcp`` is 405, as the spec asks of a server that offers no SSE stream at its endpoint.
+
+    The SDK's stateless server answered 200 and then dropped the connection ~30 s later ("ASGI callable
+    returned without completing response"): an anonymous client could hold connections that way. (A class,
+    not a function: Starlette's ``Route`` runs an object as a plain ASGI app.)
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET":
+            response = JSONResponse(
+                {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": "no SSE stream here: POST"}},
+                status_code=405,
+                headers={"allow": "POST, DELETE"},
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 class McpSurface:
     """The MCP server over one gateway; ``routes`` (just ``/mcp``) join the node's app."""
 
@@ -77,7 +103,9 @@ class McpSurface:
         self.gateway, self.auth = gateway, auth
         # The SDK calls logging.basicConfig with this level; `sandboxd serve` configured logging before (so
         # that is a no-op there), and an app embedded elsewhere should not get INFO logs from a library.
-        self.server: MCPServer[Any] = MCPServer("sandboxd", instructions=INSTRUCTIONS, log_level="WARNING")
+        self.server: MCPServer[Any] = MCPServer(
+            "sandboxd", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
+        )
         self._register()
         # Host checks are for servers on a developer's laptop reachable from a browser; a node is
         # addressed by whatever name its Service or load balancer has, and authenticates by key.
@@ -86,9 +114,12 @@ class McpSurface:
             json_response=True,
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
-        # The SDK's app is one route (POST/GET/DELETE /mcp) when it does no auth of its own: taken as
-        # it is, with no mount (a mount at /mcp answers POST /mcp with a redirect to /mcp/).
-        self.routes: list[BaseRoute] = list(app.routes)
+        # The SDK's app is one route (POST/GET/DELETE /mcp) when it does no auth of its own: its endpoint
+        # is taken with no mount (a mount at /mcp answers POST /mcp with a redirect to /mcp/), behind
+        # ``NoStream``: a stateless server has no stream to offer on GET.
+        (route,) = app.routes
+        assert isinstance(route, Route)
+        self.routes: list[BaseRoute] = [Route(route.path, endpoint=NoStream(route.endpoint))]
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

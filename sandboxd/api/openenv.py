@@ -32,10 +32,11 @@ import orjson
 from fastapi import APIRouter, Depends, WebSocket, WebSocketDisconnect
 from starlette.responses import Response
 
+from sandboxd import __version__
 from sandboxd.api.auth import Auth
 from sandboxd.api.models import SessionCreate, StepRequest, StepResult
 from sandboxd.api.surface import json_response, surface_router
-from sandboxd.errors import BadRequest, SandboxdError, Saturated, SessionLost, UnknownSession
+from sandboxd.errors import BadRequest, NotFound, SandboxdError, Saturated, SessionLost, UnknownSession
 from sandboxd.gateway import Gateway
 
 MAX_FRAME_BYTES = 16 << 20  # an action of any kind fits well under this; larger frames close the connection
@@ -63,6 +64,10 @@ def _env_code(exc: SandboxdError) -> str:
     return "EXECUTION_ERROR"
 
 
+def _opened(session_id: str) -> dict[str, Any]:
+    return {"session_id": session_id, "ready": True}
+
+
 @dataclass(frozen=True)
 class EnvShape:
     """How one kind looks as an environment."""
@@ -70,6 +75,8 @@ class EnvShape:
     reset: Callable[[int | None], dict[str, Any] | None]  # the sandboxd action a reset runs, if any
     action: Callable[[dict[str, Any]], Any]  # an OpenEnv action -> the sandboxd action
     result: Callable[[dict[str, Any], StepResult], tuple[dict[str, Any], float | None, bool]]
+    opened: Callable[[str], dict[str, Any]] = _opened  # the first observation when a reset runs nothing
+    state: Callable[[dict[str, Any] | None], dict[str, Any]] = lambda last: {}  # what /state adds
 
 
 def _generic_result(obs_in: dict[str, Any], res: StepResult) -> tuple[dict[str, Any], float | None, bool]:
@@ -89,12 +96,33 @@ def _game_result(obs_in: dict[str, Any], res: StepResult) -> tuple[dict[str, Any
     return obs, float(obs.get("reward", 0.0)), bool(obs.get("done", False))
 
 
+def _code_result(obs_in: dict[str, Any], res: StepResult) -> tuple[dict[str, Any], float | None, bool]:
+    """OpenEnv's coding environment observation (``CodeObservation``: stdout, stderr, an int exit_code), so its
+    typed client (``CodingEnv``, whose models forbid extra fields) reads it unchanged; everything else the step
+    said is in ``metadata``."""
+    obs = dict(res.observation or {})
+    stdout, stderr = obs.pop("stdout", ""), obs.pop("stderr", "")
+    code = obs.pop("exit_code", None)
+    if code is None:
+        code = 128 + obs["signal"] if obs.get("signal") else (0 if res.ok else 1)
+    meta = {"ok": res.ok, "error": None if res.error is None else res.error.model_dump(exclude_none=True), **obs}
+    done = obs.get("session_alive") is False
+    return {"stdout": stdout, "stderr": stderr, "exit_code": code, "metadata": meta}, None, done
+
+
 GENERIC = EnvShape(reset=lambda seed: None, action=lambda a: a, result=_generic_result)
 SHAPES: dict[str, EnvShape] = {
     "textgame": EnvShape(
         reset=lambda seed: {"op": "reset", "seed": seed or 0},
         action=lambda a: {"op": "step", "command": a.get("command")} if "op" not in a else a,
         result=_game_result,
+    ),
+    "python": EnvShape(
+        reset=lambda seed: None,
+        action=lambda a: a,
+        result=_code_result,
+        opened=lambda sid: {"stdout": "", "stderr": "", "exit_code": 0, "metadata": {"session_id": sid}},
+        state=lambda last: {"last_exit_code": (last or {}).get("exit_code", 0)},
     ),
 }
 
@@ -110,6 +138,7 @@ class Environment:
     episode_id: str | None = None
     step_count: int = 0
     shape: EnvShape = field(default_factory=lambda: GENERIC)
+    last: dict[str, Any] | None = None  # the last observation sent
 
     async def reset(self, data: dict[str, Any]) -> dict[str, Any]:
         seed = data.get("seed")
@@ -125,7 +154,8 @@ class Environment:
         self.step_count = 0
         first = self.shape.reset(seed)
         if first is None:
-            return {"observation": {"session_id": info.session_id, "ready": True}, "reward": None, "done": False}
+            self.last = self.shape.opened(info.session_id)
+            return {"observation": self.last, "reward": None, "done": False}
         return await self._run(first, count=False)
 
     async def step(self, data: Any) -> dict[str, Any]:
@@ -145,10 +175,16 @@ class Environment:
             raise EnvError(_env_code(cause), f"{cause.code}: {cause.message}", cause)
         self.step_count += count
         obs, reward, done = self.shape.result(action if isinstance(action, dict) else {}, res)
+        self.last = obs
         return {"observation": obs, "reward": reward, "done": done}
 
     def state(self) -> dict[str, Any]:
-        return {"episode_id": self.episode_id, "step_count": self.step_count, "session_id": self.session_id}
+        return {
+            "episode_id": self.episode_id,
+            "step_count": self.step_count,
+            "session_id": self.session_id,
+            **self.shape.state(self.last),
+        }
 
     async def close(self) -> None:
         if self.session_id is not None:
@@ -175,7 +211,9 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     Tenant = Annotated[str, Depends(auth)]
 
     def shape(kind: str) -> EnvShape:
-        gateway.kind(kind)  # UnknownRunner (422) for a kind this node does not run
+        """The environment at ``/envs/<kind>``; a kind this node does not run is no environment: 404."""
+        if kind not in gateway.kinds:
+            raise NotFound(f"no environment {kind!r}: runner {kind!r} is not enabled on this node")
         return SHAPES.get(kind, GENERIC)
 
     @api.websocket("/envs/{kind}/ws")
@@ -267,13 +305,14 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     @api.get("/envs/{kind}/metadata", tags=["openenv"])
     async def metadata(kind: str) -> Response:
+        shape(kind)
         k = gateway.kind(kind)
         return json_response(
             {
                 "name": kind,
                 "description": k.title,
                 "readme_content": None,
-                "version": "0.1.0",
+                "version": __version__,
                 "author": "sandboxd",
                 "documentation_url": None,
             }
@@ -281,6 +320,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     @api.get("/envs/{kind}/schema", tags=["openenv"])
     async def schema(kind: str) -> Response:
+        shape(kind)
         k = gateway.kind(kind)
         return json_response(
             {
