@@ -210,8 +210,11 @@ class NodeSettings(BaseSettings):
             raise ValueError("heartbeat_ttl_s must be at least twice heartbeat_interval_s (one late beat is no death)")
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"redis_url must start with redis://, rediss:// or unix:// (got {self.redis_url!r})")
-        if self.node_url and not re.match(r"^https?://[^/\s]+/?$", self.node_url):
-            raise ValueError(f"node_url must be http(s)://host:port with no path (got {self.node_url!r})")
+        if self.node_url and not re.match(r"^http://[^/\s]+/?$", self.node_url):
+            raise ValueError(
+                f"node_url must be http://host:port with no path (got {self.node_url!r}): nodes forward to each "
+                "other in plain HTTP on the cluster's network (TLS between nodes is the mesh's, if any)"
+            )
         return self
 
     def all_api_keys(self) -> list[str]:
