@@ -15,7 +15,7 @@ WORKDIR /src
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 COPY pyproject.toml README.md ./
 COPY sandboxd ./sandboxd
-RUN pip wheel --wheel-dir /wheels .
+RUN pip wheel --wheel-dir /wheels ".[server]"
 
 # ---- runtime: Debian's Chromium and nsjail's libraries, the wheels, no build tools
 FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS runtime
@@ -25,7 +25,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends libnl-route-3-200 ca-certificates chromium fonts-dejavu-core tini \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links=/wheels sandboxd \
+RUN pip install --no-cache-dir --no-index --find-links=/wheels "sandboxd[server]" \
  && rm -rf /wheels \
  && sandboxd config-docs > /dev/null
 # The jail runs programs as uid nobody with /usr bound read-only: the interpreter under /usr/local is

@@ -344,7 +344,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] == "sandboxd":
+            raise
+        # `pip install sandboxd` is the client SDK alone; every command here is the server's or the bench's.
+        print(
+            f"sandboxd: this command needs {exc.name!r}, which the client-only install does not have: "
+            "pip install 'sandboxd[server]'",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     return code
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from sandboxd.stores.sessions import owner_of
+from sandboxd.ids import owner_of
 
 NODE_DOWN_S = 5.0  # a node that refused a connection is skipped this long
 

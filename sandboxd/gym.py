@@ -29,7 +29,7 @@ import gymnasium
 import httpx
 from gymnasium import spaces
 
-from sandboxd.runners.sql.models import as_csv
+from sandboxd.csvtext import as_csv
 
 CHARSET = frozenset(string.printable)  # what observations and actions are made of (other characters become "?")
 MAX_TEXT = 65_536

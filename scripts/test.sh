@@ -3,7 +3,7 @@
 # whole suite against real nsjail, DuckDB and HTTP on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 bash scripts/check.sh
 set +e
 .venv/bin/python -m pytest "$@"

@@ -12,12 +12,11 @@ can tell who owns a session without asking anyone.
 
 from __future__ import annotations
 
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sandboxd.constants import CLOSED_REASONS_KEPT, LOST_SESSION_KEPT_S, SESSION_ID_BYTES
+from sandboxd.constants import CLOSED_REASONS_KEPT, LOST_SESSION_KEPT_S
 from sandboxd.errors import SessionLost, UnknownSession
 
 
@@ -56,17 +55,6 @@ class SessionRecord:
             "idle_expires_in_s": round(max(0.0, self.idle_s - (now - self.last_used)), 3),
             "steps": self.steps,
         }
-
-
-def new_session_id(node_id: str) -> str:
-    """``s_<random>.<node_id>``: the random part has no dot, so the owner is everything after the first."""
-    return f"s_{secrets.token_urlsafe(SESSION_ID_BYTES)}.{node_id}"
-
-
-def owner_of(session_id: str) -> str | None:
-    """The node id a session id names, or None for an id that is not one of ours."""
-    head, dot, node = session_id.partition(".")
-    return node if dot and head.startswith("s_") and node else None
 
 
 class SessionStore(Protocol):
