@@ -39,7 +39,6 @@ class Scheduler:
         self.queue_timeout_s = queue_timeout_s
         self.kinds: dict[str, _Kind] = {}
         self.closed = False
-        self.rejected = 0
         self._seq = itertools.count()  # ties in priority keep arrival order
         for w in workers:
             self.add_worker(w)
@@ -111,7 +110,6 @@ class Scheduler:
         idx = self._take(kind) if not k.waiters else None
         if idx is None:
             if len(k.waiters) >= self.queue_max:
-                self.rejected += 1
                 raise Saturated(
                     f"{kind}: all {self.capacity(kind)} slots busy and {len(k.waiters)} steps queued (queue_max)",
                     retry_after_s=self._retry_after_s(kind),

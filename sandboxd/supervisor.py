@@ -160,7 +160,6 @@ class Supervisor:
         self.settings = settings
         self.workers = [WorkerHandle(i, settings) for i in range(settings.worker_count())]
         self.on_lost = on_lost
-        self.restarts = 0
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = False
         self.on_ready: Callable[[WorkerHandle], None] = lambda w: None
@@ -184,7 +183,6 @@ class Supervisor:
                     return
                 try:
                     await w.start()
-                    self.restarts += 1
                     self.on_ready(w)
                     break
                 except SandboxSetupError as exc:

@@ -10,7 +10,6 @@ these families and the public suite does. Cost per 1k units = price_h x 1000 /
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,6 @@ SIZE_VCPUS = {
     "large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16, "8xlarge": 32, "12xlarge": 48,
     "16xlarge": 64, "24xlarge": 96, "48xlarge": 192,
 }  # fmt: skip
-_TYPE = re.compile(r"([a-z0-9-]+)\.([0-9]*x?large)")
 
 
 @dataclass(frozen=True)
@@ -81,12 +79,6 @@ def hourly_price(instance_type: str, table: dict[str, InstanceType] | None = Non
     table = table if table is not None else load_table()
     it = table.get(instance_type)
     return it.hourly_usd if it is not None else 0.0
-
-
-def split_type(instance_type: str) -> tuple[str, str] | None:
-    """("m7i", "4xlarge") for a well-formed type with a known size, else None."""
-    m = _TYPE.fullmatch(instance_type)
-    return (m.group(1), m.group(2)) if m and m.group(2) in SIZE_VCPUS else None
 
 
 def cost_per_1k(price_h: float, units_per_s: float) -> float | None:
