@@ -171,6 +171,30 @@ async def test_sessions_end_at_their_ttl(http: httpx.AsyncClient, kind: str) -> 
     assert r["http"] == 404 and "reaped (ttl)" in r["error"]["message"], r
 
 
+LONG_STEPS: dict[str, dict[str, Any]] = {
+    "python": {"code": "import time\nprint('begun', flush=True)\ntime.sleep(4)\nprint('never')"},
+    "browser": {"actions": [{"action": "goto", "path": "/"}, {"action": "wait_for", "ms": 4000, "timeout_ms": 5000}]},
+    "fake": {"sleep_s": 4},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LONG_STEPS))
+async def test_a_step_cut_by_its_sessions_ttl_is_the_sessions_end_not_the_programs(
+    http: httpx.AsyncClient, kind: str
+) -> None:
+    """It came back ``program_exit`` status 137 (browser: ``action_error``): the service's own decision scored
+    as the program's failure. Now: 410 ``session_expired``, not the program's, with what the step did so far."""
+    sid = await open_session(http, kind, ttl_s=1.0)
+    r = await run(http, kind, LONG_STEPS[kind], sid)
+    assert r["http"] == 410 and r["ok"] is False, r
+    assert r["error"]["code"] == "session_expired" and r["error"]["blame"] == "client", r
+    assert "TTL" in r["error"]["message"] and r["session_id"] == sid
+    if kind == "python":
+        assert r["observation"]["stdout"] == "begun\n", r  # the partial output, said as such
+    gone = await run(http, kind, PROBES[kind].read, sid)
+    assert gone["http"] == 404 and "reaped (ttl)" in gone["error"]["message"], gone
+
+
 async def test_a_step_longer_than_the_idle_timeout_is_not_reaped_mid_step(http: httpx.AsyncClient) -> None:
     """Found by the red team: a 65 s program in a session with a 60 s idle timeout was killed by the reaper."""
     sid = await open_session(http, "python", idle_timeout_s=0.5)

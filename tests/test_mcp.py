@@ -65,6 +65,22 @@ async def test_tools_are_listed_with_their_schemas(node: str) -> None:
     assert len([t for t in tools if t.startswith("retail_")]) == 14
 
 
+async def test_server_says_its_version_and_get_is_405(node: str) -> None:
+    """A stateless server offers no SSE stream: GET /mcp is 405 at once (it answered 200 and dropped the
+    connection ~30 s later), and the server's version is sandboxd's (it was an empty string)."""
+    import httpx
+
+    from sandboxd import __version__
+
+    async with mcp_session(node) as s:
+        init = await s.initialize()
+    assert init.server_info.name == "sandboxd" and init.server_info.version == __version__ != ""
+    headers = {"Authorization": f"Bearer {KEY}", "Accept": "text/event-stream"}
+    async with httpx.AsyncClient(timeout=5) as http:
+        r = await http.get(f"{node}/mcp", headers=headers)
+    assert r.status_code == 405 and "POST" in r.headers["allow"], r.text
+
+
 async def test_one_shots_sessions_and_the_blame_rule(node: str) -> None:
     async with mcp_session(node) as s:
         ok = payload(await s.call_tool("run_python", {"code": "print(6 * 7)"}))

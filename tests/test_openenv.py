@@ -69,14 +69,33 @@ async def test_python_environment_keeps_state_and_a_program_failure_is_an_observ
     env_cls = client_class()
     async with env_cls(base_url=f"{node}/envs/python") as env:
         ready = await env.reset()
-        assert ready.observation["ready"] is True
+        assert ready.observation["exit_code"] == 0 and ready.observation["metadata"]["session_id"]
         await env.step({"code": "x = 41"})
         got = await env.step({"code": "x += 1; print(x)"})
-        assert got.observation["ok"] and got.observation["observation"]["stdout"] == "42\n"
+        assert got.observation["metadata"]["ok"] and got.observation["stdout"] == "42\n"
         bad = await env.step({"code": "1/0"})
-        assert bad.observation["ok"] is False and bad.observation["error"]["blame"] == "program"
+        assert bad.observation["exit_code"] == 1 and bad.observation["metadata"]["error"]["blame"] == "program"
         with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
             await env.step({"no_code": 1})
+
+
+def test_openenv_coding_client_unchanged(node: str) -> None:
+    """OpenEnv's own typed client of its coding environment (``CodingEnv``, verbatim in tests/peers): its
+    models forbid extra fields and want a flat stdout/stderr/exit_code; it failed on every observation before."""
+    from tests.peers.coding_env import CodeAction, CodingEnv
+
+    with CodingEnv(base_url=f"{node}/envs/python").sync() as env:
+        first = env.reset()
+        assert first.observation.exit_code == 0 and first.observation.stderr == ""
+        env.step(CodeAction(code="total = 40"))
+        result = env.step(CodeAction(code="total += 2\nprint(total)"))
+        assert result.observation.stdout == "42\n" and result.observation.exit_code == 0
+        failed = env.step(CodeAction(code="raise SystemExit(3)"))
+        assert failed.observation.exit_code == 3 and failed.done is False
+        crashed = env.step(CodeAction(code="1/0"))
+        assert crashed.observation.exit_code == 1 and "ZeroDivisionError" in crashed.observation.stderr
+        state = env.state()
+        assert state.step_count == 4 and state.last_exit_code == 1 and state.episode_id
 
 
 async def test_the_wire_frames_capacity_and_cleanup(node: str) -> None:
@@ -118,7 +137,7 @@ def test_stateless_http_routes(node: str) -> None:
     r = httpx.post(f"{node}/envs/textgame/reset", json={"seed": 5}, timeout=30)
     assert r.status_code == 200 and r.json()["observation"]["text"]
     r = httpx.post(f"{node}/envs/python/step", json={"action": {"code": "print(2 + 2)"}}, timeout=30)
-    assert r.status_code == 200 and r.json()["observation"]["observation"]["stdout"] == "4\n"
+    assert r.status_code == 200 and r.json()["observation"]["stdout"] == "4\n"
     assert httpx.get(f"{node}/envs/tools/health").json() == {"status": "healthy"}
     schema = httpx.get(f"{node}/envs/python/schema").json()
     assert "code" in schema["action"]["properties"] and "stdout" in schema["observation"]["properties"]
@@ -133,8 +152,10 @@ def test_stateless_http_routes(node: str) -> None:
             assert json.loads(ws.recv())["type"] == "observation"
         full = httpx.post(f"{node}/envs/textgame/reset", json={}, timeout=30)
         assert full.status_code == 429 and full.json()["code"] == "CAPACITY_REACHED", full.text
-    missing = httpx.get(f"{node}/envs/sql/health")
-    assert missing.status_code == 422 and "not enabled on this node" in missing.json()["detail"]
+    missing = httpx.get(f"{node}/envs/sql/health")  # a kind this node does not run: no such environment here
+    assert missing.status_code == 404 and "not enabled on this node" in missing.json()["detail"], missing.text
+    assert httpx.get(f"{node}/envs/nothing-here/schema").status_code == 404
+    assert httpx.get(f"{node}/envs/python/nowhere").status_code == 404
 
 
 def test_a_keyed_node_takes_the_key_from_the_url_the_official_client_is_given() -> None:

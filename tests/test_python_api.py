@@ -20,6 +20,7 @@ def node() -> Iterator[str]:
         runners='["python","tools","sql","textgame"]',
         workers=2,
         python__slots_per_worker=2,
+        python__tmpfs_mb=2,
         session_idle_s=3,
         reap_interval_s=0.5,
     ) as base:
@@ -151,6 +152,30 @@ async def test_bad_input_is_named(http: httpx.AsyncClient) -> None:
     assert r.status_code == 422
     r = await http.get("/sessions/nope")
     assert r.status_code == 404
+
+
+async def test_files_that_cannot_all_be_made_are_the_clients_422(http: httpx.AsyncClient) -> None:
+    """They ended as exit 125 ``program_exit``: a client's mistake scored as the program's failure."""
+    for files, names in (
+        ({"data": "x", "data/in.txt": "y"}, ("'data' is a file", "'data/in.txt'")),
+        ({"a/b": "1", "a/b/c/d.txt": "2"}, ("'a/b' is a file", "'a/b/c/d.txt'")),
+        ({"b": "1", "a/../b": "2"}, ("same file", "'a/../b'")),
+    ):
+        r = await step(http, "print(1)", files=files)
+        assert r["http"] == 422 and r["error"]["blame"] == "client", r
+        assert all(n in r["error"]["message"] for n in names), r["error"]["message"]
+    sid = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
+    try:
+        # Files larger than the sandbox's disk (a 2 MiB /tmp here): the program never ran, and says so as a 422.
+        big = {"blob": "x" * (3 << 20)}
+        for session_id in (None, sid):
+            r = await step(http, "print('ran')", files=big, session_id=session_id)
+            assert r["http"] == 422 and r["error"]["blame"] == "client", r
+            assert "could not be written" in r["error"]["message"], r
+        again = await step(http, "print('still here')", session_id=sid)  # the session is unharmed
+        assert again["observation"]["stdout"] == "still here\n", again
+    finally:
+        await http.delete(f"/sessions/{sid}")
 
 
 async def test_health_ready_and_metrics(http: httpx.AsyncClient) -> None:

@@ -156,7 +156,10 @@ async def test_signals_cannot_reach_other_processes(http: httpx.AsyncClient) -> 
         "print('done')"
     )
     r = await run(http, code)
-    assert "KILLED" not in r["observation"]["stdout"], r["observation"]
+    lines = r["observation"]["stdout"].splitlines()
+    assert lines[-1] == "done" and "KILLED" not in r["observation"]["stdout"], r["observation"]
+    for pid in (gateway_pid, os.getpid()):  # host pids do not exist in its pid namespace
+        assert f"no {pid} ProcessLookupError" in lines, lines
     await still_healthy(http)
 
 
@@ -231,3 +234,107 @@ async def test_program_has_no_capabilities_and_is_filtered(http: httpx.AsyncClie
     lines = r["observation"]["stdout"].splitlines()
     assert lines[0] == "0000000000000000 0000000000000000 0000000000000000 1 2", lines
     assert lines[1:] == ["refused 1"] * 3
+
+
+# Programs that tamper with the interpreter state the harness uses after them (found by SandboxFusion's own
+# anti-hack wrapper, which rebinds exit/os._exit/sys.exit before every solution). Each must end exactly as
+# under plain CPython (`python -c`): same status, same output, and nothing of the harness in its stderr.
+TAMPERING = {
+    "rebinds_every_exit": "import os, sys\nexit = None; os._exit = None; sys.exit = None\nprint('hello')",
+    "stdout_none_after_print": "import sys\nprint(1)\nsys.stdout = None",
+    "stderr_none": "import sys\nsys.stderr = None\nprint('x')",
+    "threading_shutdown_rebound": "import threading\nthreading._shutdown = None\nprint('t')",
+    "builtins_rebound": "import builtins\nbuiltins.isinstance = None\nbuiltins.print = None\nbuiltins.exec = None",
+    "atexit_internals_rebound": "import atexit\natexit._run_exitfuncs = None\natexit.register(print, 'bye')",
+    "excepthook_none_then_raise": "import sys\nsys.excepthook = None\nraise ValueError('mine')",
+    "sys_exit_string": "import sys\nsys.exit('a message')",
+    "sys_exit_big": "raise SystemExit(300)",
+    "closes_its_stdout": "import os\nprint('a', flush=True)\nos.close(1)\nos.close(2)",
+    "atexit_os_exit": "import atexit, os\nprint('z')\natexit.register(os._exit, 9)",
+    "thread_os_exit": "import os, threading, time\nthreading.Thread(target=lambda: os._exit(4)).start()\ntime.sleep(2)",
+    "sigint_ignored_then_exit": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('i')",
+    "modules_gone": "import sys\nfor m in ('os', 'threading', 'atexit', 'traceback', 'json', 'io'):\n    sys.modules.pop(m, None)\nprint('m')",
+    "json_rebound": "import json\njson.dumps = json.loads = None\nprint('j')",
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERING))
+async def test_a_program_that_tampers_with_the_interpreter_ends_as_under_cpython(
+    http: httpx.AsyncClient, case: str
+) -> None:
+    import subprocess
+    import sys
+
+    code = TAMPERING[case]
+    plain = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, timeout=30, stdin=subprocess.DEVNULL
+    )
+    r = await run(http, code, timeout_s=10)
+    obs = r["observation"]
+    assert (obs["exit_code"], obs["stdout"]) == (plain.returncode, plain.stdout.decode()), (obs, plain)
+    assert r["ok"] is (plain.returncode == 0)
+    for internal in ("zygote", "jailside", "sandboxd", "_run_oneshot", "_exec_code"):
+        assert internal not in obs["stderr"], obs["stderr"]
+
+
+async def test_a_session_cell_cannot_break_later_cells_through_the_harness(http: httpx.AsyncClient) -> None:
+    """``builtins.exec = lambda *a, **k: None`` in one cell made every later cell "pass" without running."""
+    sid = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
+    try:
+        tamper = "import builtins, os, sys, json\nbuiltins.exec = lambda *a, **k: None\nbuiltins.compile = None\n"
+        tamper += "os._exit = None\njson.loads = json.dumps = None\nsys.excepthook = None\nimport threading\n"
+        tamper += "threading._shutdown = None"
+        assert (await run(http, tamper, session_id=sid))["ok"]
+        graded = await run(http, "print('ran'); assert 1 + 1 == 3, 'graded'", session_id=sid)
+        assert graded["ok"] is False and graded["error"]["code"] == "program_exit", graded
+        assert (
+            graded["observation"]["stdout"] == "ran\n" and "AssertionError: graded" in graded["observation"]["stderr"]
+        )
+        assert (await run(http, "print(40 + 2)", session_id=sid))["observation"]["stdout"] == "42\n"
+    finally:
+        await http.delete(f"/sessions/{sid}")
+
+
+def test_a_session_flood_refuses_at_the_cap_and_harms_no_other_session() -> None:
+    """Found by an outside red team: at ~250 live python sessions on a worker (fewer on main at bf5a6c6),
+    creation failed with 503 and every session of that worker, another tenant's included, answered 410:
+    each session left ~1-2 MB charged to the one zygote's 256 MB group, whose OOM killed the shared jail.
+    Sessions are now born in their own groups; the flood meets the worker's cap as a 429 and nothing else."""
+    a, b = "flood-tenant-a-0123456789", "flood-tenant-b-0123456789"
+    cap = 300
+    settings = {
+        "runners": '["python"]',
+        "workers": 1,
+        "python__max_sessions_per_worker": cap,
+        "tenant_max_sessions": cap,
+        "api_keys": f'["{a}", "{b}"]',
+    }
+
+    async def flood(base: str) -> None:
+        async with (
+            httpx.AsyncClient(base_url=base, timeout=60, headers={"authorization": f"Bearer {a}"}) as ca,
+            httpx.AsyncClient(base_url=base, timeout=60, headers={"authorization": f"Bearer {b}"}) as cb,
+        ):
+            victim = (await cb.post("/sessions", json={"runner": "python"})).json()["session_id"]
+            assert (await run(cb, "kept = 'B'", session_id=victim))["ok"]
+            made: list[str] = []
+            refused = None
+            while refused is None and len(made) < cap + 5:
+                r = await ca.post("/sessions", json={"runner": "python"})
+                if r.status_code == 201:
+                    made.append(r.json()["session_id"])
+                else:
+                    refused = r
+            assert refused is not None and refused.status_code == 429, refused.text if refused else len(made)
+            assert refused.headers["retry-after"] and refused.json()["error"]["blame"] == "infra"
+            assert len(made) == cap - 1, len(made)  # the worker's whole advertised cap was reachable
+            kept = await run(cb, "print(kept)", session_id=victim)
+            assert kept["observation"]["stdout"] == "B\n", kept
+            works = await run(ca, "print('a works too')", session_id=made[0])
+            assert works["observation"]["stdout"] == "a works too\n", works
+            assert (await ca.get("/readyz")).status_code == 200
+            await asyncio.gather(*(ca.delete(f"/sessions/{sid}") for sid in made))
+            assert (await run(cb, "print(kept)", session_id=victim))["observation"]["stdout"] == "B\n"
+
+    with running_node(**settings) as base:
+        asyncio.run(flood(base))

