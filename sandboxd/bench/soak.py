@@ -9,7 +9,10 @@ hostile loops send memory and fork bombs (python and SQL), SQL that ignores
 its interrupt or spills without end, infinite loops, output floods,
 programs that close stdout and sleep, SysV segments and /dev plants, and
 malformed, oversized and unrepresentable requests, and check that each is
-blamed on the program or the client, never on the infrastructure. Every
+blamed on the program or the client, never on the infrastructure. A flood
+loop, as another tenant (its own API key), opens python sessions until it is
+refused, again and again: every refusal must be a 429 at a cap, and a session
+the honest tenant holds must keep its state throughout. Every
 ``--report-every`` seconds it prints the node's RSS, open fds, processes,
 cgroups and the disk use of its runtime directory (jail logs, spilled SQL);
 at the end, the counts of honest steps that failed and hostile steps that
@@ -84,11 +87,30 @@ class Tally:
             self.examples.append(f"{what}: {why}")
 
 
+HONEST_KEY, FLOOD_KEY = "soak-honest-tenant-0123456789", "soak-flood-tenant-0123456789"
+FLOOD_PAUSE_S = 5.0  # between floods: honest session creates get their turn
+CREATE_RETRY_S = 30.0  # an honest client retries a 429 (a cap the flood holds) for this long
+
+
 class Soak:
-    def __init__(self, base: str, stop_at: float) -> None:
+    def __init__(self, base: str, stop_at: float, honest_key: str = HONEST_KEY, flood_key: str = FLOOD_KEY) -> None:
         self.base = base
         self.stop_at = stop_at
         self.t = Tally()
+        self.honest_key, self.flood_key = honest_key, flood_key
+
+    def client(self, key: str | None = None) -> httpx.AsyncClient:
+        headers = {"authorization": f"Bearer {key or self.honest_key}"}
+        return httpx.AsyncClient(base_url=self.base, timeout=120, headers=headers)
+
+    async def create(self, c: httpx.AsyncClient, runner: str) -> httpx.Response:
+        """An honest client's create: a 429 (a cap someone else holds for now) is retried after its Retry-After."""
+        give_up = time.monotonic() + CREATE_RETRY_S
+        while True:
+            r = await c.post("/sessions", json={"runner": runner})
+            if r.status_code != 429 or time.monotonic() > give_up:
+                return r
+            await asyncio.sleep(float(r.headers.get("retry-after", "1")))
 
     async def step(self, c: httpx.AsyncClient, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         r = await c.post("/rollout/step", json=body)
@@ -110,7 +132,7 @@ class Soak:
         return None if status == 200 and r["observation"]["stdout"] == f"{sum(range(n))}\n" else f"{status} {r}"
 
     async def python_session(self, c: httpx.AsyncClient, rng: random.Random) -> str | None:
-        r = await c.post("/sessions", json={"runner": "python"})
+        r = await self.create(c, "python")
         if r.status_code != 201:
             return f"create {r.status_code} {r.text[:200]}"
         sid = r.json()["session_id"]
@@ -125,7 +147,7 @@ class Soak:
         return None
 
     async def tools(self, c: httpx.AsyncClient, rng: random.Random) -> str | None:
-        r = await c.post("/sessions", json={"runner": "tools"})
+        r = await self.create(c, "tools")
         if r.status_code != 201:
             return f"create {r.status_code} {r.text[:200]}"
         sid = r.json()["session_id"]
@@ -155,14 +177,14 @@ class Soak:
             self.sql,
             self.textgame,
         ]
-        async with httpx.AsyncClient(base_url=self.base, timeout=120) as c:
+        async with self.client() as c:
             while time.monotonic() < self.stop_at:
                 job = rng.choice(jobs)
                 await self.honest(job.__name__, job(c, rng))
 
     async def hostile_loop(self, i: int) -> None:
         rng = random.Random(1000 + i)
-        async with httpx.AsyncClient(base_url=self.base, timeout=120) as c:
+        async with self.client() as c:
             while time.monotonic() < self.stop_at:
                 self.t.hostile += 1
                 roll = rng.random()
@@ -189,6 +211,39 @@ class Soak:
                     r = await c.post("/rollout/step", content=raw, headers={"content-type": "application/json"})
                     if r.status_code >= 500 or r.json().get("error", {}).get("blame") != "client":
                         self.t.fail(name, f"{r.status_code} {r.text[:200]}", honest=False)
+
+    async def flood_loop(self) -> None:
+        """Another tenant opens python sessions until refused, again and again (the red team's flood that
+        killed every session of a worker): each refusal must be a 429, the honest tenant's session intact."""
+        async with self.client() as honest, self.client(self.flood_key) as flood:
+            r = await self.create(honest, "python")
+            if r.status_code != 201:
+                self.t.fail("flood sentinel", f"create {r.status_code} {r.text[:200]}", honest=True)
+                return
+            sentinel = r.json()["session_id"]
+            await self.step(honest, {"runner": "python", "session_id": sentinel, "action": {"code": "kept = 7"}})
+            try:
+                while time.monotonic() < self.stop_at:
+                    self.t.hostile += 1
+                    made: list[str] = []
+                    while time.monotonic() < self.stop_at:
+                        r = await flood.post("/sessions", json={"runner": "python"})
+                        if r.status_code != 201:
+                            if r.status_code != 429 or not r.headers.get("retry-after"):
+                                self.t.fail("session flood", f"refused with {r.status_code} {r.text[:200]}", False)
+                            break
+                        made.append(r.json()["session_id"])
+                    await self.honest("flood sentinel", self._sentinel(honest, sentinel))
+                    for i in range(0, len(made), 64):
+                        await asyncio.gather(*(flood.delete(f"/sessions/{sid}") for sid in made[i : i + 64]))
+                    await asyncio.sleep(FLOOD_PAUSE_S)
+            finally:
+                await honest.delete(f"/sessions/{sentinel}")
+
+    async def _sentinel(self, c: httpx.AsyncClient, sid: str) -> str | None:
+        body = {"runner": "python", "session_id": sid, "action": {"code": "print(kept)"}}
+        status, r = await self.step(c, body)
+        return None if status == 200 and r["observation"]["stdout"] == "7\n" else f"{status} {r.get('error')}"
 
     async def hostile_sql(self, c: httpx.AsyncClient, rng: random.Random) -> None:
         name, query, timeout_s = rng.choice(HOSTILE_SQL)
@@ -236,13 +291,14 @@ def sample(gateway_pid: int, marker: str) -> dict[str, float]:
     return {"rss_mb": rss / 1024, "fds": fds, "procs": len(pids), "cgroups": cgroups, "runtime_mb": tmp / 2**20}
 
 
-async def run(base: str, duration_s: float, every_s: float, warmup_s: float) -> int:
+async def run(base: str, duration_s: float, every_s: float, warmup_s: float, keys: tuple[str, str]) -> int:
     async with httpx.AsyncClient(base_url=base, timeout=30) as c:
         ready = (await c.get("/readyz")).json()
     gateway_pid, marker = int(ready["pid"]), f"{ready['node_id']}-{ready['pid']}-w"
-    soak = Soak(base, time.monotonic() + duration_s)
+    soak = Soak(base, time.monotonic() + duration_s, *keys)
     loops = [asyncio.create_task(soak.honest_loop(i)) for i in range(6)]
     loops += [asyncio.create_task(soak.hostile_loop(i)) for i in range(2)]
+    loops.append(asyncio.create_task(soak.flood_loop()))
     start = time.monotonic()
     rows: list[tuple[float, dict[str, float]]] = []
     head = f"{'t_s':>6} {'rss_mb':>8} {'fds':>6} {'procs':>6} {'cgroups':>8} {'run_mb':>8}"
@@ -275,12 +331,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=600.0, help="seconds of load (bounded)")
     ap.add_argument("--report-every", type=float, default=30.0)
     ap.add_argument("--warmup", type=float, default=60.0, help="growth is measured from the first report after this")
+    ap.add_argument(
+        "--keys", default=f"{HONEST_KEY},{FLOOD_KEY}", help="with --target: the honest and the flooding tenant's keys"
+    )
     args = ap.parse_args(argv)
+    honest, flood = args.keys.split(",", 1)
     with contextlib.ExitStack() as stack:
-        base = args.target or stack.enter_context(
-            local_node({"SANDBOXD_WORKERS": "2", "SANDBOXD_SQL__SCALE_FACTOR": "0.01"})
-        )
-        return asyncio.run(run(base, args.duration, args.report_every, args.warmup))
+        settings = {
+            "SANDBOXD_WORKERS": "2",
+            "SANDBOXD_SQL__SCALE_FACTOR": "0.01",
+            "SANDBOXD_API_KEYS": f'["{honest}", "{flood}"]',
+        }
+        base = args.target or stack.enter_context(local_node(settings))
+        return asyncio.run(run(base, args.duration, args.report_every, args.warmup, (honest, flood)))
 
 
 if __name__ == "__main__":
