@@ -425,3 +425,76 @@ async def test_forks_that_cannot_be_made_are_refused_in_time_and_fit_the_cap(htt
         await http.delete(f"/sessions/{big}")
         await http.delete(f"/sessions/{src}")
     assert (await http.get("/readyz")).json()["sessions"] == held
+
+
+async def test_a_click_the_page_never_received_is_sent_again_then_said(tmp_path: Path) -> None:
+    """Found in a clean-clone CI run: a session's click reported done while Chromium had dropped it, and the
+    next step read an empty cart. Playwright says a click is done once dispatched; the runner checks that the
+    page received it (real Chromium here, its input switched off through CDP to drop every click)."""
+    from playwright.async_api import async_playwright
+
+    from sandboxd.runners.browser.config import BrowserRunnerConfig
+    from sandboxd.runners.browser.runner import CLICK_COUNTER, ActionRefused, click
+
+    page_html = tmp_path / "p.html"
+    page_html.write_text("<button id=b onclick=\"this.textContent='pressed'\">press</button>")
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=BrowserRunnerConfig().chromium_path, headless=True, chromium_sandbox=False
+        )
+        try:
+            context = await browser.new_context()
+            await context.add_init_script(CLICK_COUNTER)
+            page = await context.new_page()
+            await page.goto(page_html.as_uri())
+            assert await click(page, "#b", 2000) is True  # delivered the first time
+            assert await page.inner_text("#b") == "pressed"
+            cdp = await context.new_cdp_session(page)
+            await cdp.send("Input.setIgnoreInputEvents", {"ignore": True})
+            await page.evaluate("document.getElementById('b').textContent = 'press'")
+            with pytest.raises(ActionRefused, match="was not delivered"):
+                await click(page, "#b", 2000)
+            assert await page.inner_text("#b") == "press"
+            await cdp.send("Input.setIgnoreInputEvents", {"ignore": False})
+            assert await click(page, "#b", 2000) is True
+        finally:
+            await browser.close()
+
+
+@pytest.mark.slow
+async def test_a_sessions_click_reaches_its_cart_with_the_machine_busy(http: httpx.AsyncClient) -> None:
+    """The contract test's browser probe, 15 times over, with every core kept busy by other processes: the
+    click and the cart it fills hold whatever the load (a B4 trajectory must not pass or fail by load)."""
+    import subprocess
+    import sys
+
+    write = {
+        "actions": [
+            {"action": "goto", "path": "/"},
+            {"action": "click", "selector": "button.add-to-cart[data-id='3']"},
+        ]
+    }
+    read = {"actions": [{"action": "goto", "path": "/cart.html"}, {"action": "text", "selector": "#cart-rows"}]}
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        for i in range(15):
+            sid = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
+            try:
+                w = (
+                    await http.post("/rollout/step", json={"runner": "browser", "session_id": sid, "action": write})
+                ).json()
+                clicked = w["observation"]["results"][1]
+                if not clicked["ok"]:  # under this load a click may miss its 500 ms: said, never silent
+                    assert "timed out" in (clicked["error"] or "") or "not delivered" in (clicked["error"] or ""), w
+                    continue
+                r = (
+                    await http.post("/rollout/step", json={"runner": "browser", "session_id": sid, "action": read})
+                ).json()
+                assert r["ok"], r
+                assert "camera max 3" in r["observation"]["results"][-1]["value"], (i, w, r)
+            finally:
+                await http.delete(f"/sessions/{sid}")
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()

@@ -68,6 +68,8 @@ PROBES: dict[str, Probe] = {
             "actions": [
                 {"action": "goto", "path": "/"},
                 {"action": "click", "selector": "button.add-to-cart[data-id='3']"},
+                # The write checks its own effect: a lost click is the write step's failure, said there.
+                {"action": "wait_for", "selector": "button.add-to-cart[data-id='3']:has-text('Added')"},
             ]
         },
         {"actions": [{"action": "goto", "path": "/cart.html"}, {"action": "text", "selector": "#cart-rows"}]},
@@ -129,7 +131,7 @@ async def test_state_persists_and_is_shared_with_nobody(http: httpx.AsyncClient,
         info = (await http.get(f"/sessions/{a}")).json()
         assert info["runner"] == kind and a.endswith("." + info["node_id"]) and info["steps"] == 0
         w = await run(http, kind, probe.write, a)
-        assert w["http"] == 200 and w["session_id"] == a, w
+        assert w["http"] == 200 and w["ok"] and w["session_id"] == a, w
         mine = await run(http, kind, probe.read, a)
         assert probe.value(mine) == probe.written, mine
         assert (await http.get(f"/sessions/{a}")).json()["steps"] == 2

@@ -55,6 +55,15 @@ CLOSE_TIMEOUT_S = 5.0
 TITLE_TIMEOUT_S = 0.5  # a hung page has no title worth waiting for
 FORK_PARALLEL = 4  # copies of one fork made at once
 RESET_TIMEOUT_S = 5.0  # a context that cannot be reset in this long is thrown away
+# Counts the trusted clicks each document receives, under a name a page's own scripts cannot redefine
+# (installed before them, not configurable); read back after a click to know it arrived.
+CLICK_COUNTER = """(() => {
+  let n = 0;
+  const id = Math.random().toString(36).slice(2);
+  addEventListener('click', (e) => { if (e.isTrusted) n++; }, true);
+  Object.defineProperty(window, '__sandboxdClicks', { get: () => [id, n], configurable: false });
+})();"""
+READ_CLICKS = "window.__sandboxdClicks || null"
 CONTEXT_RESERVE_MB = 96  # what a session's context and renderer take in the browser's group, measured ~60-90 MiB
 MEMORY_ADMIT_FRACTION = 0.9  # new sessions must leave this much of the browser's cap unused
 # What a page can write and read back: cleared between trajectories. Not "all": that also drops the
@@ -120,7 +129,14 @@ class BrowserRunner:
         self._pending = 0  # sessions being opened or copied: counted against the cap before they exist
         self._relaunch: asyncio.Task[None] | None = None
         self.site_server: asyncio.Server | None = None
-        self.stats = {"launches": 0, "contexts": 0, "crashes": 0, "browser_deaths": 0, "pages_closed": 0}
+        self.stats = {
+            "launches": 0,
+            "contexts": 0,
+            "crashes": 0,
+            "browser_deaths": 0,
+            "pages_closed": 0,
+            "clicks_resent": 0,
+        }
 
     def capacity(self) -> int:
         return self.cfg.slots_per_worker
@@ -216,6 +232,7 @@ class BrowserRunner:
                 service_workers="block",
                 accept_downloads=False,
             )
+            await context.add_init_script(CLICK_COUNTER)
             page = await context.new_page()
             cdp = await context.new_cdp_session(page)
         except PlaywrightError as exc:
@@ -438,7 +455,8 @@ class BrowserRunner:
                     raise ActionRefused(f"unknown site {target!r}; known: {sorted(self.sites.roots)}")
                 await page.goto(self.sites.url(target, act.path), wait_until="domcontentloaded", timeout=timeout_ms)
             case m.Click():
-                await page.click(act.selector, timeout=timeout_ms)
+                if not await click(page, act.selector, timeout_ms):
+                    self.stats["clicks_resent"] += 1
             case m.Fill():
                 await page.fill(act.selector, act.text, timeout=timeout_ms)
             case m.Press():
@@ -661,6 +679,36 @@ class BrowserRunner:
         tab = self.sessions.pop(session_id, None)
         if tab is not None:
             await self._dispose(tab)
+
+
+async def click(page: Page, selector: str, timeout_ms: float) -> bool:
+    """A click that reached the page (True: at once; False: when sent a second time), or an action error
+    that says it did not.
+
+    Playwright reports a click done once it dispatched the mouse events, whether or not the page got
+    them: under load Chromium can drop them, and a trajectory then went on as if the button had been
+    pressed (a session's "add to cart" that never reached the cart). Each page counts the trusted clicks
+    it receives (``CLICK_COUNTER``, installed in every context before any page script); a click that
+    neither raised the count nor navigated had no effect, so it is sent once more, then said."""
+    if len(page.frames) > 1:  # a click in a frame is counted there, not here: trust Playwright's word
+        await page.click(selector, timeout=timeout_ms)
+        return True
+    before = await _clicks(page)
+    for attempt in (0, 1):
+        await page.click(selector, timeout=timeout_ms)
+        after = await _clicks(page)
+        if after is None or before is None or after != before:
+            return attempt == 0  # delivered: counted, or the document changed (a navigation the click started)
+    raise ActionRefused(f"the click on {selector!r} was not delivered to the page (sent twice)")
+
+
+async def _clicks(page: Page) -> tuple[str, int] | None:
+    """(this document's id, trusted clicks it received); None while a navigation replaces it."""
+    try:
+        got = await page.evaluate(READ_CLICKS)
+    except PlaywrightError:
+        return None
+    return (str(got[0]), int(got[1])) if isinstance(got, list) and len(got) == 2 else None
 
 
 class ActionRefused(Exception):
