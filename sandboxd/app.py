@@ -1,4 +1,4 @@
-"""The ASGI app: one ``Gateway``, the API surfaces as routers, the OpenAPI document.
+"""The ASGI app of a front process: one ``Gateway``, the API surfaces as routers, the OpenAPI document.
 
 Each surface renders errors in its own shape (``api/surface.py``). What no
 surface owns (an unknown path, a wrong method) is rendered in sandboxd's own
@@ -25,27 +25,32 @@ from sandboxd.api.limits import BodyLimit
 from sandboxd.api.mcp_server import McpSurface
 from sandboxd.api.surface import json_response, native_error, request_error
 from sandboxd.config import NodeSettings, load_settings
-from sandboxd.gateway import Gateway
+from sandboxd.front.gateway import Gateway
+from sandboxd.front.protocol import Front
 
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
-def create_app(settings: NodeSettings | None = None) -> FastAPI:
+def create_app(settings: NodeSettings | None = None, index: int = 0) -> FastAPI:
+    """A front process's app: the API surfaces over one ``Gateway``.
+
+    With ``settings.node_socket`` (``sandboxd serve``, gunicorn) it joins that node as front process
+    ``index``; without, it starts a node process of its own (an app embedded in another ASGI server, a
+    test client) and stops it with itself. ``app.state.front`` is what the front door (``protocol.py``)
+    serves the hot routes with.
+    """
     settings = settings or load_settings()
-    gateway = Gateway(settings)
+    gateway = Gateway(settings, index=index, node_socket=settings.node_socket)
     auth = Auth(settings)
     mcp = McpSurface(gateway, auth)
-    drain_token = ops.DrainToken(settings.port)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
-        drain_token.write()
         try:
             async with mcp.running():
                 yield
         finally:
-            drain_token.remove()
             await gateway.stop()
 
     app = FastAPI(
@@ -55,11 +60,12 @@ def create_app(settings: NodeSettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.gateway = gateway
+    app.state.front = Front(gateway, auth, settings)
     app.include_router(native.router(gateway, auth))
     app.include_router(fusion.router(gateway, auth))
     app.include_router(openenv.router(gateway, auth))
     app.router.routes.extend(mcp.routes)
-    app.include_router(ops.router(gateway, auth, protected=settings.auth_ops, drain_token=drain_token))
+    app.include_router(ops.router(gateway, auth, protected=settings.auth_ops))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)
 
     @app.exception_handler(HTTPException)

@@ -33,14 +33,12 @@ EXIT_NOT_READY = 3
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
     from pydantic import ValidationError
 
-    from sandboxd.app import create_app
     from sandboxd.config import load_settings
 
     overrides: dict[str, object] = {}
-    for name in ("host", "port", "workers"):
+    for name in ("host", "port", "workers", "fronts"):
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value
@@ -51,16 +49,19 @@ def _serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"sandboxd serve: invalid settings:\n{exc}", file=sys.stderr)
         return EXIT_USAGE
-    from sandboxd.serving import DrainingServer, uvicorn_options
+    from sandboxd.node.serve import run_node
 
     # Ours, before any library's: the MCP SDK calls logging.basicConfig (a Rich handler at INFO) when it is
     # not configured yet, which would override SANDBOXD_LOG_LEVEL for every sandboxd logger.
     logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+        level=settings.log_level.upper(), format="%(asctime)s node %(levelname)s %(name)s: %(message)s", force=True
     )
-    app = create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, **uvicorn_options(settings))
-    DrainingServer(config, app.state.gateway).run()
+    try:
+        import uvloop
+
+        uvloop.run(run_node(settings, with_fronts=True))
+    except ImportError:
+        asyncio.run(run_node(settings, with_fronts=True))
     return EXIT_OK
 
 
@@ -234,7 +235,7 @@ def _drain(args: argparse.Namespace) -> int:
 
     import httpx
 
-    from sandboxd.api.ops import DRAIN_TOKEN_HEADER, drain_token_path
+    from sandboxd.node.drain import DRAIN_TOKEN_HEADER, drain_token_path
 
     deadline = time.monotonic() + args.timeout
     token_file = drain_token_path(urlsplit(args.url).port or 80)
@@ -273,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="SANDBOXD_HOST")
     serve.add_argument("--port", type=int, help="SANDBOXD_PORT")
     serve.add_argument("--workers", type=int, help="SANDBOXD_WORKERS (0 = one per vCPU)")
+    serve.add_argument("--fronts", type=int, help="SANDBOXD_FRONTS (0 = from the vCPU count)")
     serve.add_argument("--runners", help="SANDBOXD_RUNNERS, comma-separated (python,fake)")
     serve.set_defaults(func=_serve)
     for name, func, hlp in (

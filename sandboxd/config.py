@@ -27,6 +27,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sandboxd.runners.base import RunnerConfig, RunnerKind
 
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+# vCPUs of workers one front process feeds at the lightest steps (measured: docs/deploy.md).
+VCPUS_PER_FRONT = 8
+
+
+def vcpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def default_node_id() -> str:
@@ -46,9 +52,28 @@ class NodeSettings(BaseSettings):
         default_factory=default_node_id,
         description="Stable name of this node, carried in its session ids; default: the host name.",
     )
-    host: str = Field("127.0.0.1", description="Address the gateway listens on.")
-    port: int = Field(8080, ge=0, le=65535, description="Port the gateway listens on (0 = any free port).")
+    host: str = Field("127.0.0.1", description="Address the node listens on (its front processes accept there).")
+    port: int = Field(8080, ge=0, le=65535, description="Port the node listens on (0 = any free port).")
     workers: int = Field(0, ge=0, le=512, description="Worker processes; 0 = one per vCPU.")
+    fronts: int = Field(
+        0,
+        ge=0,
+        le=128,
+        description="Front processes taking HTTP on the node's port (each takes any request); 0 = one per "
+        f"{VCPUS_PER_FRONT} workers, at least one (docs/deploy.md: what one front process feeds).",
+    )
+    node_socket: str = Field(
+        "",
+        description="Set by sandboxd serve and the gunicorn config for their front processes: the node process "
+        "to join. Empty: an app on its own starts a node process of its own.",
+    )
+    probe_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="A port of its own for /healthz and /readyz, served by the node process, which client "
+        "connections cannot starve (Kubernetes probes); 0 = none (the main port answers them too).",
+    )
     runners: list[str] = Field(
         default_factory=list,
         description="Runner kinds enabled on this node; empty = every registered kind that is on by default.",
@@ -121,10 +146,31 @@ class NodeSettings(BaseSettings):
         "began), or it is closed: idle connections cannot fill max_connections.",
     )
     body_timeout_s: float = Field(
-        30.0, gt=0, description="A request body that stalls this long between chunks is refused with 408."
+        30.0,
+        gt=0,
+        description="A request body must arrive whole this long after its headers, or it is refused with 408 "
+        "(however it is trickled).",
     )
     max_connections: int = Field(
-        4096, ge=16, description="Concurrent HTTP connections the gateway serves; more are answered 503."
+        4096, ge=16, description="Concurrent HTTP connections one front process serves; more are answered 503."
+    )
+    max_connections_per_address: int = Field(
+        1024,
+        ge=1,
+        description="Connections one client address may hold to one front process; more are refused (429) at once.",
+    )
+    max_connections_per_tenant: int = Field(
+        1024,
+        ge=1,
+        description="Connections one tenant (API key) may hold to one front process; more are refused (429).",
+    )
+    ws_ping_interval_s: float = Field(
+        20.0, gt=0, description="WebSockets (OpenEnv) are pinged this often and closed when a ping goes unanswered."
+    )
+    ws_idle_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="An OpenEnv WebSocket with no message this long is closed, and its session with it.",
     )
     api_keys: list[str] = Field(
         default_factory=list,
@@ -147,7 +193,7 @@ class NodeSettings(BaseSettings):
     tenant_max_inflight: int = Field(
         1024, ge=1, description="Steps one tenant may have running or queued on this node; more is a 429."
     )
-    log_level: str = Field("info", description="Log level of the gateway and workers.")
+    log_level: str = Field("info", description="Log level of every process of the node.")
     redis_url: str = Field(
         "",
         description="Redis (>= 7) shared by the nodes of one service: session directory, idempotency records, "
@@ -250,9 +296,11 @@ class NodeSettings(BaseSettings):
         return f"http://{host}:{self.port}"
 
     def worker_count(self) -> int:
-        return self.workers or (
-            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        )
+        return self.workers or vcpus()
+
+    def front_count(self) -> int:
+        """From the workers (a container sees every host CPU; ``workers`` says how many are the node's)."""
+        return self.fronts or max(1, -(-self.worker_count() // VCPUS_PER_FRONT))
 
 
 def _is_loopback(host: str) -> bool:

@@ -1,7 +1,10 @@
-"""Session ids, readable on both sides of the wire: the node that owns a session is named in its id.
+"""Session ids, readable on both sides of the wire: who owns a session is named in its id.
 
-Client-side code (``sandboxd.client``) routes a session's steps straight to its owner with this, so it
-lives apart from the server's stores and imports nothing but the standard library.
+``s_<random>~<worker>~<incarnation>.<node_id>``: the node that owns it (any node forwards a session's
+requests there), and on that node the worker process that holds it and which start of that worker made
+it (any front process sends a session's steps straight to it, and knows at once, without asking anyone,
+that a session whose worker has been replaced since is lost). Client-side code (``sandboxd.client``)
+routes steps to the owner node with ``owner_of``, so this module imports nothing but the standard library.
 """
 
 from __future__ import annotations
@@ -11,12 +14,21 @@ import secrets
 from sandboxd.constants import SESSION_ID_BYTES
 
 
-def new_session_id(node_id: str) -> str:
-    """``s_<random>.<node_id>``: the random part has no dot, so the owner is everything after the first."""
-    return f"s_{secrets.token_urlsafe(SESSION_ID_BYTES)}.{node_id}"
+def new_session_id(node_id: str, worker: int = 0, incarnation: str = "0") -> str:
+    """The random part has no dot and no ``~``, so the node is everything after the first dot."""
+    return f"s_{secrets.token_urlsafe(SESSION_ID_BYTES)}~{worker}~{incarnation}.{node_id}"
 
 
 def owner_of(session_id: str) -> str | None:
     """The node id a session id names, or None for an id that is not one of ours."""
     head, dot, node = session_id.partition(".")
     return node if dot and head.startswith("s_") and node else None
+
+
+def worker_of(session_id: str) -> tuple[int, str] | None:
+    """The worker index and worker incarnation a session id names, or None for an id that is not one of ours."""
+    head = session_id.partition(".")[0]
+    parts = head.split("~")
+    if len(parts) != 3 or not head.startswith("s_") or not parts[1].isdigit() or len(parts[1]) > 4:
+        return None
+    return int(parts[1]), parts[2]

@@ -54,7 +54,13 @@ class Connection:
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
     ) -> tuple[int, Any]:
         """Send one request; return (status, decoded JSON body or None). Reconnects once."""
-        payload = orjson.dumps(body) if body is not None else b""
+        status, data = await self.request_raw(method, path, orjson.dumps(body) if body is not None else b"", headers)
+        return status, orjson.loads(data) if data else None
+
+    async def request_raw(
+        self, method: str, path: str, payload: bytes = b"", headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        """Send one request with a JSON body as bytes; return (status, the answer's body as bytes)."""
         extra = ""
         for header, text in (headers or {}).items():
             if "\r" in text or "\n" in text:
@@ -73,7 +79,7 @@ class Connection:
                 status, data, close = await self._answer(method)
                 if close:
                     await self.close()
-                return status, orjson.loads(data) if data else None
+                return status, data
             except _StaleConnection:
                 await self.close()  # an idle keep-alive connection the server closed: nothing was run
                 if attempt:

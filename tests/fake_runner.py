@@ -1,4 +1,4 @@
-"""A fake runner kind driven by a handler, for fast tests of gateway, scheduler and bench.
+"""A fake runner kind driven by a handler, for fast tests of the fronts, the workers and bench.
 
 It is registered from ``tests/`` only, through the same entry-point seam a
 third-party kind would use (``conftest.py`` writes the distribution metadata),

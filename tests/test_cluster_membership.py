@@ -25,14 +25,14 @@ KEY = "key-membership-0123456789"
 HEARTBEAT_S, TTL_S = 3.0, 9.0
 
 
-def node(redis: LocalRedis, node_id: str, port: int = 0) -> NodeProcess:
+def node(redis: LocalRedis, node_id: str, port: int = 0, heartbeat_s: float = HEARTBEAT_S) -> NodeProcess:
     return NodeProcess(
         {
             "SANDBOXD_NODE_ID": node_id,
             "SANDBOXD_REDIS_URL": redis.url,
             "SANDBOXD_REDIS_PREFIX": "t-membership",
-            "SANDBOXD_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S),
-            "SANDBOXD_HEARTBEAT_TTL_S": str(TTL_S),
+            "SANDBOXD_HEARTBEAT_INTERVAL_S": str(heartbeat_s),
+            "SANDBOXD_HEARTBEAT_TTL_S": str(3 * heartbeat_s),
             "SANDBOXD_WORKERS": "1",
             "SANDBOXD_RUNNERS": '["textgame", "tools"]',
             "SANDBOXD_API_KEYS": f'["{KEY}"]',
@@ -74,14 +74,14 @@ async def wait_up(n: NodeProcess, timeout_s: float = 120) -> httpx.Response:
             await asyncio.sleep(0.1)
 
 
-async def test_a_session_on_a_node_that_just_joined_is_forwarded_at_once(
-    first: NodeProcess, redis_server: LocalRedis
-) -> None:
+async def test_a_session_on_a_node_that_just_joined_is_forwarded_at_once(redis_server: LocalRedis) -> None:
+    # An old node that reads the registry once a minute: whoever joins after it is not in its peer table.
+    old = node(redis_server, "j1", heartbeat_s=60.0)
+    old.wait_ready(120)
     second = node(redis_server, "m2")
     try:
         second.wait_ready(120)
-        async with client(first) as c1, client(second) as c2:
-            # m1 read the registry up to 3 s ago: m2 is not in its peer table yet.
+        async with client(old) as c1, client(second) as c2:
             assert "m2" not in (await c1.get("/readyz")).json()["cluster"]["peers"]
             sid = (await c2.post("/sessions", json={"runner": "textgame"})).json()["session_id"]
             r = await look(c1, sid)
@@ -91,6 +91,7 @@ async def test_a_session_on_a_node_that_just_joined_is_forwarded_at_once(
             assert (await c1.delete(f"/sessions/{sid}")).status_code == 204
     finally:
         second.stop()
+        old.stop()
 
 
 async def test_a_node_restarted_elsewhere_is_found_and_answers_for_its_sessions(

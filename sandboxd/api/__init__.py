@@ -1,4 +1,5 @@
-"""API surfaces: each is a router that calls the ``Gateway`` and renders results and errors in its own shape.
+"""API surfaces: each is a router that calls the front process's ``Gateway`` and renders results and errors in
+its own shape.
 
 ``native`` (rollout steps, sessions, runner descriptions) and ``ops``
 (health, readiness, metrics) are sandboxd's own; wire-compatible surfaces

@@ -67,9 +67,13 @@ class Auth:
         forwarded with it, and that node authenticates the caller itself.
         """
         CALLER.set(Caller(request.headers.get("authorization"), request.headers.get(FORWARDED_BY)))
+        return self.tenant_of_header(request.headers.get("authorization", ""))
+
+    def tenant_of_header(self, authorization: str) -> str:
+        """The tenant an ``Authorization`` header's value names; ``Unauthorized`` otherwise."""
         if not self.tenants:
             return ANONYMOUS
-        token = _key(request.headers.get("authorization", ""))
+        token = _key(authorization)
         if not token:
             raise Unauthorized("this node needs an API key: send 'Authorization: Bearer <key>'")
         tenant = self.tenants.get(hashlib.sha256(token.encode()).digest())

@@ -33,11 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from sandboxd.api.auth import Auth
-from sandboxd.api.models import Limits, StepRequest, StepResult
 from sandboxd.api.surface import json_response, surface_router
 from sandboxd.csvtext import as_csv
 from sandboxd.errors import BadRequest, DeadlineExceeded, SandboxdError, Saturated, ShuttingDown
-from sandboxd.gateway import Gateway
+from sandboxd.front.gateway import Gateway
+from sandboxd.models import Limits, StepRequest, StepResult
 from sandboxd.runners.python.config import PythonRunnerConfig
 
 LANGUAGES = ("python", "sql")  # the ones this node can run; SandboxFusion's others get a clear 422

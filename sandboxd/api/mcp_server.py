@@ -34,9 +34,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandboxd import __version__
 from sandboxd.api.auth import Auth
-from sandboxd.api.models import SessionCreate, StepRequest, StepResult
 from sandboxd.errors import SandboxdError
-from sandboxd.gateway import Gateway
+from sandboxd.front.gateway import Gateway
+from sandboxd.models import SessionCreate, StepRequest, StepResult
 
 INSTRUCTIONS = (
     "Sandboxed execution for agents. One-shot tools run in a fresh sandbox; pass session_id (from "

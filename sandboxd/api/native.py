@@ -11,7 +11,9 @@ from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
 from sandboxd.api.auth import Auth
-from sandboxd.api.models import (
+from sandboxd.api.surface import json_response, native_error, retry_headers, surface_router
+from sandboxd.front.gateway import Gateway
+from sandboxd.models import (
     BatchRequest,
     BatchResult,
     ForkResult,
@@ -22,8 +24,6 @@ from sandboxd.api.models import (
     StepResult,
     error_responses,
 )
-from sandboxd.api.surface import json_response, native_error, retry_headers, surface_router
-from sandboxd.gateway import Gateway
 
 # Every route can answer these: auth, body limits, validation, and our own bugs.
 COMMON = (401, 408, 413, 422, 500)

@@ -22,6 +22,7 @@ when its sandbox ended. A program's failure is an observation (``ok: false``);
 what is not the program's is an error frame.
 """
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import Callable
@@ -34,12 +35,16 @@ from starlette.responses import Response
 
 from sandboxd import __version__
 from sandboxd.api.auth import Auth
-from sandboxd.api.models import SessionCreate, StepRequest, StepResult
 from sandboxd.api.surface import json_response, surface_router
 from sandboxd.errors import BadRequest, NotFound, SandboxdError, Saturated, SessionLost, UnknownSession
-from sandboxd.gateway import Gateway
+from sandboxd.front.gateway import Gateway
+from sandboxd.models import SessionCreate, StepRequest, StepResult
 
-MAX_FRAME_BYTES = 16 << 20  # an action of any kind fits well under this; larger frames close the connection
+MAX_FRAME_BYTES = 16 << 20
+ENV_RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {"description": "no such environment: a kind this node does not run"},
+    429: {"description": "no room for another environment (CAPACITY_REACHED)"},
+}  # an action of any kind fits well under this; larger frames close the connection
 
 
 class EnvError(Exception):
@@ -228,8 +233,14 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             await websocket.close(1008)
             return
         try:
+            idle_s = gateway.settings.ws_idle_timeout_s
             while True:
-                frame = await websocket.receive()
+                try:
+                    frame = await asyncio.wait_for(websocket.receive(), idle_s)
+                except TimeoutError:  # an idle environment holds a session and a connection: both go
+                    await websocket.send_text(_error("SESSION_ERROR", f"no message for {idle_s:g}s: closed"))
+                    await websocket.close(1001)
+                    return
                 if frame["type"] == "websocket.disconnect":
                     return
                 raw = frame.get("text")
@@ -267,7 +278,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         finally:
             await env.close()
 
-    @api.post("/envs/{kind}/reset", tags=["openenv"])
+    @api.post("/envs/{kind}/reset", tags=["openenv"], responses=ENV_RESPONSES)
     async def reset(kind: str, tenant: Tenant, body: dict[str, Any] | None = None) -> Response:
         """A fresh environment, reset (stateless, as OpenEnv's HTTP routes are); its first observation."""
         env = Environment(gateway, kind, tenant, shape=shape(kind))
@@ -278,7 +289,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         finally:
             await env.close()
 
-    @api.post("/envs/{kind}/step", tags=["openenv"])
+    @api.post("/envs/{kind}/step", tags=["openenv"], responses=ENV_RESPONSES)
     async def step(kind: str, tenant: Tenant, body: dict[str, Any]) -> Response:
         """One action on a fresh environment (reset with seed 0 first where the kind has a reset)."""
         action = body.get("action")
@@ -293,17 +304,17 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         finally:
             await env.close()
 
-    @api.get("/envs/{kind}/state", tags=["openenv"])
+    @api.get("/envs/{kind}/state", tags=["openenv"], responses=ENV_RESPONSES)
     async def state(kind: str, _: Tenant) -> Response:
         shape(kind)
         return json_response({"episode_id": None, "step_count": 0})
 
-    @api.get("/envs/{kind}/health", tags=["openenv"])
+    @api.get("/envs/{kind}/health", tags=["openenv"], responses=ENV_RESPONSES)
     async def health(kind: str) -> Response:
         shape(kind)
         return json_response({"status": "healthy"})
 
-    @api.get("/envs/{kind}/metadata", tags=["openenv"])
+    @api.get("/envs/{kind}/metadata", tags=["openenv"], responses=ENV_RESPONSES)
     async def metadata(kind: str) -> Response:
         shape(kind)
         k = gateway.kind(kind)
@@ -318,7 +329,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             }
         )
 
-    @api.get("/envs/{kind}/schema", tags=["openenv"])
+    @api.get("/envs/{kind}/schema", tags=["openenv"], responses=ENV_RESPONSES)
     async def schema(kind: str) -> Response:
         shape(kind)
         k = gateway.kind(kind)

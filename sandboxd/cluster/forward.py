@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from dataclasses import dataclass
-from typing import Any
 
 from sandboxd.cluster.nodes import Peer
 from sandboxd.wire import Connection
@@ -62,8 +61,8 @@ class Forwarder:
         self._idle: dict[str, list[Connection]] = {}
         self._gates: dict[str, asyncio.Semaphore] = {}
 
-    async def send(self, peer: Peer, method: str, path: str, body: Any, timeout_s: float) -> tuple[int, Any]:
-        """The owner's status and JSON body (None for 204), within ``timeout_s`` in all."""
+    async def send(self, peer: Peer, method: str, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        """The owner's status and body (as it sent them), within ``timeout_s`` in all."""
         headers = {FORWARDED_BY: self.node_id}
         auth = CALLER.get().authorization
         if auth:
@@ -76,7 +75,9 @@ class Forwarder:
         except TimeoutError:
             raise PeerFailed(f"no answer within {timeout_s:g} s") from None
 
-    async def _send(self, peer: Peer, method: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
+    async def _send(
+        self, peer: Peer, method: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
         idle = self._idle.setdefault(peer.url, [])
         conn = idle.pop() if idle else Connection(peer.url)
         if not conn.connected:
@@ -90,7 +91,7 @@ class Forwarder:
                 await self._forget(peer.url)
                 raise PeerDown(f"{type(exc).__name__}: {exc}") from None
         try:
-            status, data = await conn.request(method, path, body, headers)
+            status, data = await conn.request_raw(method, path, body, headers)
         except BaseException as exc:
             await conn.close()  # mid-request: the connection's state is unknown
             if isinstance(exc, ConnectionRefusedError):  # a pooled connection was dead, and so is the address

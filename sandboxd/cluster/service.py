@@ -1,18 +1,23 @@
-"""Many nodes, one service: the gateway's view of the other nodes (``SANDBOXD_REDIS_URL`` set).
+"""Many nodes, one service (``SANDBOXD_REDIS_URL`` set): the node process's part and the front processes'.
 
-Any node takes any request. One-shot steps run where they land (they never
-touch Redis). A session's id names its owner (``s_<random>.<node_id>``), so a
-node needs Redis only to know whether that owner is alive and where it is:
-then the request is forwarded to it (``forward.py``), and its answer, whatever
-it is, is the answer. If the owner is gone, the directory says whether the
+Any node takes any request. One-shot steps run where they land (Redis only for an ``idempotency_key``). A
+session's id names its owner (``s_<random>~<worker>~<incarnation>.<node_id>``), so a node needs Redis only
+to know whether that owner is alive and where it is: then the request is forwarded to it (``forward.py``),
+and its answer, whatever it is, is the answer. If the owner is gone, the directory says whether the
 session existed for this tenant (410 ``session_lost``) or not (404).
+
+The node process heart-beats the registry and writes its sessions' directory entries (``NodeCluster``);
+each front process reads the registry and forwards (``ClusterView``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-import secrets
-from typing import Any
+from collections.abc import Callable
+
+import orjson
 
 from sandboxd.cluster.forward import Forwarder, PeerDown, PeerFailed, PeerRefused
 from sandboxd.cluster.nodes import NodeRegistry, Peer
@@ -27,53 +32,40 @@ from sandboxd.errors import (
     from_dict,
 )
 from sandboxd.ids import owner_of
-from sandboxd.stores.idempotency import MemoryIdempotencyStore
-from sandboxd.stores.redis import RedisIdempotencyStore, RedisSessionStore, SharedRedis
+from sandboxd.stores.redis import RedisKV, SessionDirectory, SharedRedis
 
 log = logging.getLogger("sandboxd.cluster")
 
 
-class Cluster:
-    def __init__(self, settings: NodeSettings) -> None:
+class NodeCluster:
+    """The node process's part: its registry entry (heartbeat, incarnation) and its sessions' directory."""
+
+    def __init__(
+        self, settings: NodeSettings, incarnation: str, live: Callable[[], list[tuple[str, str, str, float]]]
+    ) -> None:
         self.node_id = settings.node_id
-        self.incarnation = secrets.token_hex(8)
+        self.incarnation = incarnation
         self.redis = SharedRedis(settings.redis_url, settings.redis_prefix, settings.redis_timeout_s)
-        self.sessions = RedisSessionStore(self.redis, self.node_id, self.incarnation)
-        step_budget_s = settings.max_timeout_s + settings.queue_timeout_s + 60.0
-        self.idempotency = RedisIdempotencyStore(
-            self.redis,
-            self.node_id,
-            settings.idempotency_ttl_s,
-            claim_ttl_s=step_budget_s,
-            fallback=MemoryIdempotencyStore(settings.idempotency_ttl_s, settings.idempotency_max_entries),
-        )
-        self.me = Peer(self.node_id, settings.advertised_url(), self.incarnation)
+        self.directory = SessionDirectory(self.redis, self.node_id, incarnation)
+        self.me = Peer(self.node_id, settings.advertised_url(), incarnation)
+        self.live = live
         self.registry = NodeRegistry(
             self.redis, self.me, settings.heartbeat_interval_s, settings.heartbeat_ttl_s, self._rejoined
         )
-        self.forwarder = Forwarder(self.node_id, settings.forward_connect_timeout_s, max_per_peer=256)
 
     async def _rejoined(self) -> None:
-        n = await self.sessions.republish()
+        n = await self.directory.republish(self.live())
         log.info(
-            "node %s (incarnation %s) registered at %s; %d sessions published",
-            self.node_id,
-            self.incarnation,
-            self.me.url,
-            n,
-        )
+            "node %s (incarnation %s) registered at %s; %d sessions published", self.node_id, self.incarnation,
+            self.me.url, n,
+        )  # fmt: skip
 
     async def start(self) -> None:
         await self.registry.start()
 
     async def stop(self) -> None:
         await self.registry.leave()
-        await self.forwarder.close()
         await self.redis.close()
-
-    def owns(self, session_id: str) -> bool:
-        """Ours to serve here. While another live node holds our id, sessions named by it are that node's."""
-        return owner_of(session_id) in (None, self.node_id) and self.registry.held_by is None
 
     def refuse_if_out(self) -> None:
         """A node kept out of the service (its id held by a live node) makes no sessions: nobody could route
@@ -84,13 +76,67 @@ class Cluster:
                 "sessions until that node leaves: create the session on another node"
             )
 
+
+class ClusterView:
+    """A front process's part: where the other nodes are, forwarding to them, and the shared idempotency keys.
+
+    It reads the registry as often as the node beats (it never writes it), and takes this node as kept out
+    of the service while the registry's entry for its id names another incarnation."""
+
+    def __init__(self, settings: NodeSettings, incarnation: str) -> None:
+        self.node_id = settings.node_id
+        self.incarnation = incarnation
+        self.redis = SharedRedis(settings.redis_url, settings.redis_prefix, settings.redis_timeout_s)
+        self.directory = SessionDirectory(self.redis, self.node_id, incarnation)
+        self.me = Peer(self.node_id, settings.advertised_url(), incarnation)
+        self.registry = NodeRegistry(
+            self.redis, self.me, settings.heartbeat_interval_s, settings.heartbeat_ttl_s, _nothing
+        )
+        self.kv = RedisKV(self.redis)
+        self.forwarder = Forwarder(self.node_id, settings.forward_connect_timeout_s, max_per_peer=256)
+        self.interval_s = settings.heartbeat_interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def held_by(self) -> Peer | None:
+        holder = self.registry.peers.get(self.node_id)
+        return holder if holder is not None and holder.incarnation != self.incarnation else None
+
+    async def start(self) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.registry.read()
+        self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.registry.read()
+                self.registry.healthy = True
+            except StoreUnavailable:
+                self.registry.healthy = False
+            except Exception:  # a malformed entry must not stop the reading
+                log.exception("reading the node registry failed")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.forwarder.close()
+        await self.redis.close()
+
+    def owns(self, session_id: str) -> bool:
+        """Ours to serve here. While another live node holds our id, sessions named by it are that node's."""
+        return owner_of(session_id) in (None, self.node_id) and self.held_by is None
+
     async def _gone(self, session_id: str, tenant: str, owner: str, process_gone: bool = False) -> SandboxdError:
         """What to answer for a session whose owner is not there: lost, unknown, or ask again.
 
         ``process_gone``: its address refused the connection, so whatever held the session is gone.
         """
         try:
-            entry = await self.sessions.lookup(session_id)
+            entry = await self.directory.lookup(session_id)
         except StoreUnavailable as exc:
             if not process_gone:
                 return exc
@@ -112,8 +158,8 @@ class Cluster:
         return UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
 
     async def forward(
-        self, session_id: str, tenant: str, method: str, path: str, body: Any = None, timeout_s: float = 30.0
-    ) -> tuple[int, Any]:
+        self, session_id: str, tenant: str, method: str, path: str, body: bytes = b"", timeout_s: float = 30.0
+    ) -> tuple[int, bytes]:
         """Send a session request to its owner; its status and body. Errors of the hop itself are raised.
 
         A node is lost when it cannot be reached, not merely when its heartbeat is late: an owner whose
@@ -168,10 +214,17 @@ class Cluster:
             ) from None
 
 
-def raise_for(status: int, data: Any) -> None:
+def raise_for(status: int, data: bytes) -> None:
     """A forwarded request's error answer, as the error the owner raised (same class, status, blame)."""
     if status >= 400:
-        error = data.get("error") if isinstance(data, dict) else None
+        try:
+            error = orjson.loads(data).get("error") if data else None
+        except (orjson.JSONDecodeError, AttributeError):
+            error = None
         if not isinstance(error, dict):
             raise NodeUnreachable(f"the owning node answered {status} without an error body")
         raise from_dict(error)
+
+
+async def _nothing() -> None:
+    return None

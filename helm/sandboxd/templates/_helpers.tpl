@@ -89,6 +89,9 @@ containers:
       - name: http
         containerPort: {{ $v.service.port }}
         protocol: TCP
+      - name: probes
+        containerPort: {{ $v.service.probePort }}
+        protocol: TCP
     env:
       - name: POD_NAME
         valueFrom: {fieldRef: {fieldPath: metadata.name}}
@@ -108,6 +111,10 @@ containers:
         value: {{ $v.service.port | quote }}
       - name: SANDBOXD_WORKERS
         value: {{ $v.vcpus | quote }}
+      - name: SANDBOXD_FRONTS
+        value: {{ $v.fronts | default 0 | quote }}
+      - name: SANDBOXD_PROBE_PORT
+        value: {{ $v.service.probePort | quote }}
       - name: SANDBOXD_REDIS_URL
         value: {{ include "sandboxd.redisUrl" $root | quote }}
       - name: SANDBOXD_API_KEYS_FILE
@@ -142,17 +149,18 @@ containers:
       appArmorProfile:
         type: Unconfined
       {{- end }}
+    # Probes on the node process's own listener: client connections, however many, cannot starve them.
     startupProbe:
-      httpGet: {path: /healthz, port: http}
+      httpGet: {path: /healthz, port: probes}
       periodSeconds: 2
       failureThreshold: 90
     readinessProbe:
-      httpGet: {path: /readyz, port: http}
+      httpGet: {path: /readyz, port: probes}
       periodSeconds: 5
       timeoutSeconds: 3
       failureThreshold: 2
     livenessProbe:
-      httpGet: {path: /healthz, port: http}
+      httpGet: {path: /healthz, port: probes}
       periodSeconds: 10
       timeoutSeconds: 5
       failureThreshold: 3

@@ -1,4 +1,4 @@
-"""Request and response models of the native HTTP API (the edge: pydantic, strict)."""
+"""Request and response models of the API surfaces and of the node's own processes (the edge: pydantic, strict)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""The node process: workers, the session ledger, idempotency keys, drain, readiness, the cluster."""

@@ -1,0 +1,89 @@
+"""The node's session ledger: which tenant holds how many sessions, and where, node-wide and exact.
+
+Sessions live in the workers (their state and their records); what must be decided for the node as a
+whole lives here, in the one node process: a tenant's quota (``tenant_max_sessions``) and where a new
+session goes (the hosting worker with the fewest sessions of its kind). Every new session is made
+through the ledger; every end reaches it from the worker that held it (``ended`` events) or from the
+worker's death. Sessions being opened or copied count too: a storm of concurrent creates all saw the
+ledger before any was recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sandboxd.errors import Saturated
+
+
+@dataclass(frozen=True)
+class Entry:
+    tenant: str
+    runner: str
+    worker: int
+    incarnation: str
+
+
+class Ledger:
+    def __init__(self, tenant_max_sessions: int) -> None:
+        self.cap = tenant_max_sessions
+        self.sessions: dict[str, Entry] = {}
+        self.by_tenant: Counter[str] = Counter()
+        self.by_worker: Counter[tuple[str, int]] = Counter()
+        self.opening_by_tenant: Counter[str] = Counter()
+        self.opening_by_worker: Counter[tuple[str, int]] = Counter()
+
+    def check_room(self, tenant: str, n: int) -> None:
+        """``n`` more sessions fit the tenant's quota, or a 429."""
+        held = self.by_tenant[tenant] + self.opening_by_tenant[tenant]
+        if held + n > self.cap:
+            more = "another" if n == 1 else f"{n} more"
+            raise Saturated(
+                f"this tenant holds {held} sessions; {more} would pass tenant_max_sessions {self.cap}; "
+                "close some first",
+                retry_after_s=5.0,
+            )
+
+    def place(self, runner: str, workers: list[int]) -> int:
+        """The hosting worker with the fewest sessions of ``runner`` (and opens in flight)."""
+        return min(workers, key=lambda w: self.by_worker[(runner, w)] + self.opening_by_worker[(runner, w)])
+
+    @contextlib.contextmanager
+    def opening(self, tenant: str, runner: str, worker: int, n: int) -> Iterator[None]:
+        self.opening_by_worker[(runner, worker)] += n
+        self.opening_by_tenant[tenant] += n
+        try:
+            yield
+        finally:
+            self.opening_by_worker[(runner, worker)] -= n
+            self.opening_by_tenant[tenant] -= n
+            if not self.opening_by_tenant[tenant]:  # tenants come and go: keep no zero entries
+                del self.opening_by_tenant[tenant]
+
+    def add(self, session_id: str, entry: Entry) -> None:
+        if session_id in self.sessions:
+            return
+        self.sessions[session_id] = entry
+        self.by_tenant[entry.tenant] += 1
+        self.by_worker[(entry.runner, entry.worker)] += 1
+
+    def remove(self, session_id: str) -> Entry | None:
+        entry = self.sessions.pop(session_id, None)
+        if entry is not None:
+            self.by_tenant[entry.tenant] -= 1
+            if not self.by_tenant[entry.tenant]:
+                del self.by_tenant[entry.tenant]
+            self.by_worker[(entry.runner, entry.worker)] -= 1
+        return entry
+
+    def worker_lost(self, worker: int) -> list[str]:
+        """Every session of ``worker`` goes with it (they hold nothing now); their ids."""
+        gone = [sid for sid, e in self.sessions.items() if e.worker == worker]
+        for sid in gone:
+            self.remove(sid)
+        return gone
+
+    def count(self) -> int:
+        return len(self.sessions)

@@ -1,0 +1,1 @@
+"""A worker process: runners, its own slots and sessions, the step pipeline."""

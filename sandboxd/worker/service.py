@@ -1,0 +1,366 @@
+"""A worker process: its runners, its slots, its sessions, and the step pipeline from request to answer.
+
+One worker per vCPU. Every front process and the node process connect to it (``links.py``). A step
+arrives as the bytes the client sent; the worker validates it (the kind's action model, the node's
+limits, the kind's admission hook), admits it (its own slots and queue for a one-shot, its own session
+table for a session step), runs it, and answers with the bytes the client gets: the front relays them.
+Each step's result is built here, in one place (``_result`` / ``_failed``), so it says whose failure it
+was; the program's own verdict comes from its runner (``StepOutcome.failure``).
+
+If the worker dies, only its own in-flight steps and sessions are lost: the fronts answer 502/410 for
+them, the node starts a new worker (a new incarnation: the ids of the old one's sessions say so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from sandboxd.answers import failed_answer
+from sandboxd.board import Board
+from sandboxd.config import NodeSettings
+from sandboxd.errors import (
+    BadRequest,
+    InfraError,
+    PayloadTooLarge,
+    SandboxdError,
+    SessionBusy,
+    SessionExpired,
+    SessionLost,
+    UnknownRunner,
+)
+from sandboxd.links import Channel, Header
+from sandboxd.metrics import WorkerMetrics
+from sandboxd.models import StepRequest
+from sandboxd.registry import kinds
+from sandboxd.rollouts import RolloutClock
+from sandboxd.runners.base import (
+    ForkingRunner,
+    Runner,
+    RunnerContext,
+    RunnerKind,
+    StepLimits,
+    StepOutcome,
+    can_fork,
+    validation_message,
+)
+from sandboxd.worker.admission import Admission
+from sandboxd.worker.sessions import SessionRecord, SessionTable
+
+log = logging.getLogger("sandboxd.worker")
+
+
+def hosted_kinds(settings: NodeSettings, index: int) -> list[RunnerKind]:
+    """The enabled kinds whose placement puts an instance in worker ``index``."""
+    registry = kinds()
+    return [registry[k] for k in settings.runners if registry[k].hosted_by(index, settings.runner_config(k))]
+
+
+def hosting(settings: NodeSettings, kind: str) -> list[int]:
+    """The worker indexes that host ``kind`` (its placement: every worker, or the first N)."""
+    k = kinds()[kind]
+    return [i for i in range(settings.worker_count()) if k.hosted_by(i, settings.runner_config(kind))]
+
+
+def request_message(exc: ValidationError) -> str:
+    """A bad request body's fields, located as FastAPI locates them (``body.action: Field required``)."""
+    return validation_message(exc, "body")
+
+
+class Worker:
+    def __init__(self, settings: NodeSettings, index: int, incarnation: str, board: Board | None) -> None:
+        self.settings = settings
+        self.index = index
+        self.incarnation = incarnation
+        self.ctx = RunnerContext(Path(settings.runtime_dir), f"{settings.node_id}-{os.getppid()}-w{index}", index)
+        registry = kinds()
+        self.all_kinds = {k: registry[k] for k in settings.runners}
+        self.kinds = {k.name: k for k in hosted_kinds(settings, index)}
+        self.runners: dict[str, Runner] = {}
+        self.board = board
+        self.admission: Admission | None = None
+        self.sessions = SessionTable()
+        self.rollouts = RolloutClock(max_boost_s=settings.rollout_max_boost_s)
+        self.metrics = WorkerMetrics(index)
+        self.node: Channel | None = None  # the node process's link: session ends are told there
+        self._reaper: asyncio.Task[None] | None = None
+        self._max_bytes = {k: settings.runner_config(k).max_action_bytes for k in self.all_kinds}
+
+    async def start(self) -> None:
+        for name, kind in self.kinds.items():
+            self.runners[name] = kind.runner_class()(self.settings.runner_config(name), self.ctx)
+        await asyncio.gather(*(r.start() for r in self.runners.values()))
+        capacity = {k: r.capacity() for k, r in self.runners.items()}
+        # The node's queue, shared out over the workers that host each kind (the node updates the shares when a
+        # worker dies or comes back: the others then take its part).
+        q = self.settings.queue_max
+        queue_max = {k: max(1, math.ceil(q / len(hosting(self.settings, k)))) if q else 0 for k in capacity}
+        self.admission = Admission(self.index, capacity, queue_max, self.board)
+        self._reaper = asyncio.create_task(self._reap_loop())
+
+    def capacity(self) -> dict[str, int]:
+        return {k: r.capacity() for k, r in self.runners.items()}
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        if self.admission is not None:
+            self.admission.close()
+        await asyncio.gather(*(r.close() for r in self.runners.values()), return_exceptions=True)
+        if self.board is not None:
+            self.board.clear(self.index)
+
+    # ------------------------------------------------------------------ the link's requests
+
+    async def handle(self, ch: Channel, h: Header, body: bytes) -> tuple[Header, bytes]:
+        op = h["op"]
+        if op == "step":
+            return await self.step(h, body)
+        if op == "info":
+            rec = self.sessions.get(h["session_id"], h["tenant"])
+            return {}, orjson.dumps(rec.describe())
+        if op == "close":
+            await self.close_session(h["session_id"], h["tenant"], h.get("why") or "closed by the client")
+            return {}, b""
+        if op == "open":
+            return {}, orjson.dumps(await self.open_session(h))
+        if op == "fork":
+            return {}, orjson.dumps(await self.fork_session(h))
+        if op == "hello":
+            ch.peer = {"role": h.get("role"), "index": h.get("index")}
+            if h.get("role") == "node":
+                self.node = ch
+            return {"pid": os.getpid(), "incarnation": self.incarnation, "capacity": self.capacity()}, b""
+        if op == "ping":
+            return await self.ping(), b""
+        raise InfraError(f"unknown worker op {op!r}")
+
+    async def ping(self) -> Header:
+        runners = {k: await r.health() for k, r in self.runners.items()}
+        queue = {k: self.admission.queue_depth(k) for k in self.runners} if self.admission else {}
+        inflight = {k: self.admission.inflight(k) for k in self.runners} if self.admission else {}
+        return {"pid": os.getpid(), "runners": runners, "queue": queue, "inflight": inflight}
+
+    def _tell_node(self, op: str, **fields: Any) -> None:
+        if self.node is not None and self.node.alive:
+            self.node.event(op, fields)
+
+    # ------------------------------------------------------------------ steps
+
+    def kind(self, name: str) -> RunnerKind:
+        k = self.all_kinds.get(name)
+        if k is None:
+            raise UnknownRunner(f"runner {name!r} is not enabled on this node (enabled: {self.settings.runners})")
+        return k
+
+    def admit(self, req: StepRequest) -> tuple[BaseModel, StepLimits]:
+        """The action, checked by its kind, and the step's limits; or the client's error."""
+        kind = self.kind(req.runner)
+        action = kind.parse_action(req.action)
+        s = self.settings
+        timeout = req.timeout_s if req.timeout_s is not None else s.default_timeout_s
+        if timeout > s.max_timeout_s:
+            raise BadRequest(f"timeout_s: {timeout} exceeds this node's max_timeout_s {s.max_timeout_s}")
+        lim = req.limits
+        limits = StepLimits(
+            timeout_s=timeout,
+            memory_mb=lim.memory_mb if lim else None,
+            max_output_bytes=lim.max_output_bytes if lim else None,
+        )
+        try:
+            size = len(orjson.dumps(req.action))
+        except (orjson.JSONEncodeError, ValueError, RecursionError) as exc:
+            # An integer above 64 bits, nesting past 254 levels: what the client sent, not a bug of ours.
+            raise BadRequest(f"action cannot be carried as JSON: {exc}") from None
+        if size > self._max_bytes[req.runner]:
+            raise PayloadTooLarge(
+                f"action is {size} bytes as JSON; runner {req.runner!r} takes at most {self._max_bytes[req.runner]}"
+            )
+        if kind.admit is not None:
+            kind.admit(action, limits, s.runner_config(req.runner))
+        return action, limits
+
+    async def step(self, h: Header, body: bytes) -> tuple[Header, bytes]:
+        """One step, from the bytes the client sent to the bytes it gets (``status`` in the header)."""
+        t0 = float(h.get("t0") or time.monotonic())
+        runner = "unknown"
+        session_id = None
+        try:
+            try:
+                req = StepRequest.model_validate_json(body)
+            except ValidationError as exc:
+                raise BadRequest(request_message(exc)) from None
+            runner, session_id = req.runner, req.session_id
+            action, limits = self.admit(req)
+            if session_id is not None:
+                return await self._session_step(req, action, limits, h["tenant"], t0)
+            deadline = float(h.get("deadline") or t0 + self.settings.queue_timeout_s)
+            priority = None
+            if self.settings.scheduling == "oldest_rollout":
+                priority = self.rollouts.priority(h["tenant"], req.rollout_id, t0)
+            run = self.runners.get(runner)
+            assert self.admission is not None
+            if run is None:  # a front sent a kind this worker does not host: a bug of ours, said as one
+                raise InfraError(f"worker {self.index} does not host runner {runner!r}")
+            async with self.admission.slot(runner, deadline, priority):
+                outcome = await run.step(action, None, limits)
+            return self._result(runner, outcome, t0, None)
+        except SandboxdError as exc:
+            return self._failed(runner, exc, t0, session_id)
+        except Exception as exc:  # a runner bug must not take the worker down: an infra error, logged
+            log.exception("worker %s: a %s step failed", self.index, runner)
+            return self._failed(runner, InfraError(f"internal error: {type(exc).__name__}"), t0, session_id)
+
+    async def _session_step(
+        self, req: StepRequest, action: BaseModel, limits: StepLimits, tenant: str, t0: float
+    ) -> tuple[Header, bytes]:
+        sid = cast(str, req.session_id)
+        rec = self.sessions.claim(sid, tenant)
+        try:
+            if rec.runner != req.runner:
+                raise BadRequest(f"session {sid} is a {rec.runner} session, not {req.runner}")
+            try:
+                outcome = await self.runners[rec.runner].step(action, sid, limits)
+            except SessionLost as exc:  # the runner lost the sandbox (it stopped answering): said on every later step
+                if rec.expired_mid_step is None:
+                    self._lost(rec, exc.message)
+                raise
+        except SandboxdError as exc:
+            self.sessions.release(rec, stepped=False)
+            said: SandboxdError = exc
+            if rec.expired_mid_step is not None:
+                said = SessionExpired(rec.expired_mid_step, session_id=sid, worker=self.index)
+            return self._failed(req.runner, said, t0, sid)
+        self.sessions.release(rec, stepped=True)
+        if rec.expired_mid_step is not None:
+            failed = SessionExpired(rec.expired_mid_step, session_id=sid, worker=self.index)
+            return self._failed(req.runner, failed, t0, sid, observation=outcome.observation)
+        if not outcome.session_alive:
+            obs = outcome.observation.model_dump() if outcome.observation is not None else {}
+            why = f"its program was killed ({outcome.killed_by or obs.get('exit_code')})"
+            await self._forget(rec, why)
+        return self._result(req.runner, outcome, t0, sid)
+
+    def _result(self, runner: str, outcome: StepOutcome, t0: float, session_id: str | None) -> tuple[Header, bytes]:
+        failure = outcome.failure
+        error = None if failure is None else {"blame": "program", "code": failure.code, "message": failure.message}
+        elapsed = time.monotonic() - t0
+        self.metrics.observe_step(
+            runner, "ok" if error is None else "program_error", elapsed, outcome.killed_by, outcome.limits_hit
+        )
+        result = {
+            "ok": error is None,
+            "status": 200,
+            "observation": outcome.observation.model_dump(mode="json"),
+            "error": None if error is None else {**error, "retry_after_s": None},
+            "latency_ms": round(elapsed * 1000, 3),
+            "worker": self.index,
+            "runner": runner,
+            "session_id": session_id,
+        }
+        return {"status": 200}, orjson.dumps(result)
+
+    def _failed(
+        self,
+        runner: str,
+        exc: SandboxdError,
+        t0: float,
+        session_id: str | None,
+        observation: BaseModel | None = None,
+    ) -> tuple[Header, bytes]:
+        elapsed = time.monotonic() - t0
+        label = runner if runner in self.all_kinds else "unknown"  # a client must not mint metric labels
+        self.metrics.observe_step(label, f"{exc.blame}_error", elapsed, None, ())
+        if exc.code == "saturated":
+            self.metrics.rejected.labels(label, "saturated").inc()
+        worker = self.index if exc.worker is None else exc.worker
+        return failed_answer(exc, elapsed, runner, session_id, worker, observation)
+
+    # ------------------------------------------------------------------ sessions
+
+    async def open_session(self, h: Header) -> dict[str, object]:
+        """A new session (the node placed it here, within the tenant's quota)."""
+        runner, sid = h["runner"], h["session_id"]
+        run = self.runners.get(runner)
+        if run is None:
+            raise InfraError(f"worker {self.index} does not host runner {runner!r}")
+        await run.open_session(sid, h.get("options") or {})
+        rec = SessionRecord(sid, runner, h["tenant"], self.settings.node_id, self.index, h["ttl_s"], h["idle_s"])
+        self.sessions.add(rec)
+        self.metrics.sessions.labels(runner).set(self.sessions.count(runner))
+        return rec.describe()
+
+    async def fork_session(self, h: Header) -> dict[str, object]:
+        """``new_ids`` sessions, each from a copy of the source's state now; all or none. The source must be
+        idle (a step mid-way is no state); steps wait out the fork (409), forks of one source may overlap."""
+        rec = self.sessions.get(h["source"], h["tenant"])
+        kind = self.kind(rec.runner)
+        run = self.runners[rec.runner]
+        if kind.no_fork or not can_fork(run):
+            raise BadRequest(kind.no_fork or f"{rec.runner} sessions cannot be forked")
+        if rec.busy:
+            raise SessionBusy(
+                f"session {rec.session_id} is running a step; fork it when the step has answered",
+                session_id=rec.session_id,
+            )
+        rec.forking += 1
+        try:
+            notes: list[str] = await cast(ForkingRunner, run).fork_session(rec.session_id, h["new_ids"])
+        finally:
+            rec.forking -= 1
+        rec.last_used = time.monotonic()
+        copies = [
+            SessionRecord(sid, rec.runner, rec.tenant, self.settings.node_id, self.index, h["ttl_s"], h["idle_s"])
+            for sid in h["new_ids"]
+        ]
+        for copy in copies:
+            self.sessions.add(copy)
+        self.metrics.sessions.labels(rec.runner).set(self.sessions.count(rec.runner))
+        self.metrics.forks.labels(rec.runner).inc()
+        return {"sessions": [c.describe() for c in copies], "notes": notes}
+
+    async def close_session(self, session_id: str, tenant: str, why: str) -> None:
+        """Close a session; a lost one is forgotten too. Unknown ids (and other tenants' sessions) are a 404."""
+        with contextlib.suppress(SessionLost):
+            self.sessions.get(session_id, tenant)
+        rec = self.sessions.live.get(session_id)
+        if rec is not None:
+            await self._forget(rec, why)
+
+    async def _forget(self, rec: SessionRecord, why: str) -> None:
+        if self.sessions.remove(rec.session_id, why) is None:
+            return
+        self.metrics.sessions.labels(rec.runner).set(self.sessions.count(rec.runner))
+        if rec.lost is None:
+            self._tell_node("ended", session_id=rec.session_id, why=why)
+        run = self.runners.get(rec.runner)
+        if run is not None:
+            with contextlib.suppress(SandboxdError):
+                await run.close_session(rec.session_id)
+
+    def _lost(self, rec: SessionRecord, why: str) -> None:
+        """Its sandbox is gone: it holds nothing (no quota) but answers 410 until the reaper forgets it."""
+        if rec.lost is None:
+            self.sessions.mark_lost(rec, why)
+            self._tell_node("ended", session_id=rec.session_id, why=why, lost=True)
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reap_interval_s)
+            for rec, why in self.sessions.expired():
+                if why == "ttl" and rec.busy:
+                    rec.expired_mid_step = (
+                        f"session {rec.session_id} reached its TTL of {rec.ttl_s:g} s during this step and was "
+                        "ended; the observation, if any, is what the step had done by then"
+                    )
+                self.metrics.sessions_reaped.labels(why).inc()
+                await self._forget(rec, f"reaped ({why})")
