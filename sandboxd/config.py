@@ -139,6 +139,11 @@ class NodeSettings(BaseSettings):
     max_body_bytes: int = Field(
         64 << 20, ge=1024, description="Largest request body; refused with 413 while it is being read, not after."
     )
+    max_header_bytes: int = Field(
+        64 << 10,
+        ge=4096,
+        description="Largest request line plus headers of one request; refused with 431 as soon as it is passed.",
+    )
     header_timeout_s: float = Field(
         10.0,
         gt=0,

@@ -6,6 +6,8 @@
     ├── ClientError                      the caller's request is wrong (blame: client)
     │   ├── BadRequest           422     a field is invalid beyond what pydantic checks
     │   ├── PayloadTooLarge      413     code, stdin or files over the configured cap
+    │   ├── RequestTimeout       408     the request's body did not arrive whole within body_timeout_s
+    │   ├── HeadersTooLarge      431     the request line and headers over max_header_bytes
     │   ├── UnknownSession       404     no such session (never existed, closed, reaped)
     │   ├── SessionBusy          409     a step is already running in that session
     │   ├── SessionExpired       410     the session reached its TTL during the step and was ended
@@ -20,6 +22,7 @@
         ├── WorkerDied           502     the worker running the step died mid-step
         ├── SessionLost          410     the session's sandbox is gone (worker or node died, killed)
         ├── ShuttingDown         503     the node is draining
+        ├── AtCapacity           503     a front process serves all the connections it may (max_connections)
         ├── StoreUnavailable     503     the shared store (Redis) did not answer; one-shots still run
         ├── NodeIdConflict       503     another live node holds this node's id: it makes no sessions
         └── NodeUnreachable      502     the node that owns the session did not answer (retry)
@@ -121,6 +124,16 @@ class PayloadTooLarge(ClientError):
     code = "payload_too_large"
 
 
+class RequestTimeout(ClientError):
+    status = 408
+    code = "request_timeout"
+
+
+class HeadersTooLarge(ClientError):
+    status = 431
+    code = "headers_too_large"
+
+
 class UnknownSession(ClientError):
     status = 404
     code = "unknown_session"
@@ -197,6 +210,15 @@ class SessionLost(InfraError):
 class ShuttingDown(InfraError):
     status = 503
     code = "shutting_down"
+
+
+class AtCapacity(InfraError):
+    """The front process that took the connection serves ``max_connections`` connections or requests already;
+    another front (or node) may not: retry."""
+
+    status = 503
+    code = "at_capacity"
+    default_retry_after_s = 1.0
 
 
 class StoreUnavailable(InfraError):

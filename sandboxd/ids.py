@@ -29,6 +29,9 @@ def worker_of(session_id: str) -> tuple[int, str] | None:
     """The worker index and worker incarnation a session id names, or None for an id that is not one of ours."""
     head = session_id.partition(".")[0]
     parts = head.split("~")
-    if len(parts) != 3 or not head.startswith("s_") or not parts[1].isdigit() or len(parts[1]) > 4:
+    index = parts[1] if len(parts) == 3 else ""
+    # ASCII digits only: str.isdigit() is also true of superscripts (int() refuses them) and of full-width
+    # digits (int() reads them as 0-9).
+    if not head.startswith("s_") or not (index.isascii() and index.isdigit()) or len(index) > 4:
         return None
-    return int(parts[1]), parts[2]
+    return int(index), parts[2]

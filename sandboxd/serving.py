@@ -21,7 +21,7 @@ def uvicorn_options(settings: NodeSettings) -> dict[str, Any]:
         "log_level": settings.log_level,
         "access_log": False,
         "loop": "auto",
-        "http": protocol_class(settings.header_timeout_s),
+        "http": protocol_class(settings),
         "proxy_headers": False,
         "timeout_graceful_shutdown": int(settings.shutdown_grace_s) + 1,
         "limit_concurrency": settings.max_connections,

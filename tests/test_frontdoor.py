@@ -7,10 +7,14 @@ request, probes included, got 503 (and a liveness probe restarted the pod), idle
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import re
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -59,7 +63,11 @@ def status_of(answer: bytes) -> int:
     return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1") else 0
 
 
-@pytest.mark.parametrize("path", ["/rollout/step", "/sessions", "/run_code", "/mcp", "/rollout/steps"])
+# A path is decided as the app routes it: a fragment or a query that ends like a public path is not one.
+ANONYMOUS_PATHS = ["/rollout/step", "/sessions", "/run_code", "/mcp", "/rollout/steps", "/envs/textgame/reset#/ws"]
+
+
+@pytest.mark.parametrize("path", [*ANONYMOUS_PATHS, "/envs/textgame/reset?x=/ws", "/envs/textgame/rese%74#/health"])
 def test_an_anonymous_body_is_never_read(node: NodeProcess, path: str) -> None:
     """63 MB announced, 1 MB sent: the answer is a 401 in the surface's shape, at once, and the connection ends."""
     head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {63 << 20}\r\n\r\n"
@@ -148,6 +156,12 @@ async def test_probes_are_answered_at_the_connection_limit(node: NodeProcess) ->
             step = {"runner": "textgame", "action": {"op": "episodes", "seed": 1}}
             r = await c.post("/rollout/step", json=step)
             assert r.status_code == 503 and r.headers.get("retry-after"), r.text
+            assert r.json()["error"]["code"] == "at_capacity", r.text
+            # Every surface refuses in its own shape (uvicorn's own refusal was plain text).
+            r = await c.get("/runners")
+            assert r.status_code == 503 and r.json()["error"]["code"] == "at_capacity", r.text
+            r = await c.post("/run_code", json={"code": "print(1)", "language": "python"})
+            assert r.status_code == 503 and "max_connections" in r.json()["detail"], r.text
     finally:
         for s in socks:
             s.close()
@@ -173,3 +187,150 @@ async def test_an_idle_websocket_is_closed_and_its_session_with_it(node: NodePro
         metrics = (await c.get("/metrics")).text
     live = [ln for ln in metrics.splitlines() if ln.startswith('sandboxd_sessions{runner="textgame"}')]
     assert live and float(live[0].split()[-1]) == 0.0, live
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        "GET /v1/ping HTTP/1.1",  # public, through the framework
+        "GET /healthz HTTP/1.1",  # public, served by the front itself
+        f"DELETE /sessions/s_x~0~0.n HTTP/1.1\r\nAuthorization: Bearer {KEY}",  # a hot route with a key
+    ],
+)
+def test_a_body_that_never_comes_is_cut_whatever_the_method(node: NodeProcess, head: str) -> None:
+    """A GET or DELETE announcing a body it never sends held its connection forever (the deadline was for
+    POST/PUT/PATCH only): anonymous clients filled max_connections with them."""
+    answer, took = raw(node, f"{head}\r\nHost: x\r\nContent-Length: 10\r\n\r\n".encode(), wait_s=10)
+    # The connection ends at the deadline; a route that answered without reading the body has its answer.
+    assert 1.5 < took < 6, (answer[:300], took)
+    assert status_of(answer) == (200 if "/v1/ping" in head else 408), answer[:300]
+
+
+def test_headers_are_bounded_in_size(node: NodeProcess) -> None:
+    big = "x" * (100 << 10)
+    for head in (
+        f"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nHost: x\r\n" + "X-A: b\r\n" * 20_000 + "\r\n",
+        f"GET /healthz?{big} HTTP/1.1\r\nHost: x\r\n\r\n",
+    ):
+        answer, _ = raw(node, head.encode())
+        assert status_of(answer) == 431 and b"headers_too_large" in answer, answer[:300]
+
+
+def test_malformed_requests_get_a_clear_400(node: NodeProcess) -> None:
+    twice = f"GET /runners HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nAuthorization: Bearer {OTHER}\r\n\r\n"
+    answer, _ = raw(node, twice.encode())
+    assert status_of(answer) == 400 and b"more than one Authorization" in answer, answer[:300]
+
+
+def test_a_refusal_waits_for_the_answer_before_it(node: NodeProcess) -> None:
+    """Pipelined: a step, then a request with a wrong key. HTTP/1.1 answers in order; the 401 came first (and
+    the step's answer was lost), so a client or a proxy pairing answers with requests blamed the step."""
+    body = json.dumps({"runner": "textgame", "action": {"op": "episodes", "seed": 1}}).encode()
+    step = (
+        f"POST /rollout/step HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    for refused in (
+        b"GET /runners HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n\r\n",
+        b"POST /rollout/step HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+        + b"\r\nContent-Length: " + str(1 << 40).encode() + b"\r\n\r\n",
+    ):  # fmt: skip
+        answer, _ = raw(node, step + refused)
+        statuses = [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)]
+        assert statuses[:1] == [200] and statuses[1:] in ([401], [413]), answer[:600]
+
+
+def test_expect_100_continue_is_answered_on_the_hot_routes(node: NodeProcess) -> None:
+    body = json.dumps({"runner": "textgame", "action": {"op": "episodes", "seed": 1}}).encode()
+    head = (
+        f"POST /rollout/step HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nExpect: 100-continue\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", node.port), timeout=5) as s:
+        s.sendall(head.encode())
+        assert s.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.sendall(body)
+        answer = s.recv(65536)
+    assert status_of(answer) == 200, answer[:300]
+
+
+@pytest.mark.parametrize("sid", ["s_x~\u00b2~y", "s_x~\uff10~y", "s_x~99~y", "s_x~-1~y", "s_x~0~y~z"])
+async def test_a_session_id_that_is_not_ours_is_404(node: NodeProcess, sid: str) -> None:
+    """A superscript digit in the worker field was a 500 (str.isdigit() said yes, int() said no)."""
+    headers = {"authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(base_url=node.url, timeout=10, headers=headers) as c:
+        node_id = (await c.get("/readyz")).json()["node_id"]
+        full = f"{sid}.{node_id}"
+        assert (await c.get(f"/sessions/{full}")).status_code == 404
+        assert (await c.delete(f"/sessions/{full}")).status_code == 404
+        step = {"runner": "textgame", "session_id": full, "action": {"op": "step", "command": "look"}}
+        r = await c.post("/rollout/step", json=step)
+        assert r.status_code == 404 and r.json()["error"]["blame"] == "client", r.text
+        r = await c.post("/rollout/steps", json={"steps": [step]})
+        assert r.json()["results"][0]["error"]["code"] == "unknown_session", r.text
+
+
+async def test_websockets_count_while_open_and_only_then(node: NodeProcess) -> None:
+    """A WebSocket's close never reached the connection counts: ~30 handshakes from one address (anonymous
+    ones too) locked that address out of the node. And WebSockets were not counted for their tenant: one
+    tenant could hold every connection with them."""
+    import websockets
+
+    anonymous = node.url.replace("http://", "ws://") + "/envs/textgame/ws"
+    for _ in range(40):  # more than the address's cap (30), one after another
+        async with websockets.connect(anonymous) as ws:
+            with contextlib.suppress(websockets.ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), 5)  # refused in the route (no key): a frame, then the close
+    keyed = node.url.replace("http://", f"ws://key:{KEY}@") + "/envs/textgame/ws"
+    async with contextlib.AsyncExitStack() as held:
+        for _ in range(4):  # the tenant's cap
+            await held.enter_async_context(websockets.connect(keyed))
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await websockets.connect(keyed)
+        assert refused.value.response.status_code == 429
+        async with httpx.AsyncClient(base_url=node.url, headers={"authorization": f"Bearer {OTHER}"}) as other:
+            assert (await other.get("/runners")).status_code == 200  # another tenant is served
+    await asyncio.sleep(0.3)
+    async with websockets.connect(keyed) as ws:  # closed ones count no more
+        await ws.send(json.dumps({"type": "reset", "data": {"seed": 1}}))
+        assert json.loads(await ws.recv())["type"] == "observation"
+    async with httpx.AsyncClient(base_url=node.url, headers={"authorization": f"Bearer {KEY}"}) as c:
+        assert (await c.get("/runners")).status_code == 200  # the address is not locked out either
+
+
+def _listening_inode(port: int) -> str:
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                return f[9]
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def _tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def test_only_the_fronts_hold_the_nodes_port(node: NodeProcess) -> None:
+    """Workers inherited the listening socket, and their jails' supervisors and SQL engines from them: a
+    process running tenants' code could accept other tenants' requests (and read their keys)."""
+    status = httpx.get(f"{node.url}/readyz", timeout=10).json()
+    inode = f"socket:[{_listening_inode(node.port)}]"
+    holders = []
+    for pid in _tree(int(status["pid"])):
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) == inode for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                holders.append(pid)
+    assert sorted(holders) == sorted({int(status["pid"]), *status["fronts"]}), (holders, status)

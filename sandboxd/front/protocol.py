@@ -12,9 +12,14 @@ schemas, for the OpenAPI document and for an app embedded without this protocol.
 Before any route, for every request: a deadline for the headers (idle connections cannot fill the
 server), the API key checked from the headers alone (an anonymous client never gets a body read, let
 alone parsed), the body bounded in size (413 as soon as it is known to be too large) and in time as a
-whole (408: a body trickled one byte at a time cannot hold a connection), connections bounded per client
-address and per tenant (one client cannot take every connection), and ``/healthz`` and ``/readyz``
-answered even when the connection limit is reached.
+whole (408: a body trickled one byte at a time cannot hold a connection, whatever the method), the request
+line and headers bounded in size (431), connections bounded per client address and per tenant (one client
+cannot take every connection; a WebSocket counts until it closes), and ``/healthz`` and ``/readyz``
+answered even when the connection limit is reached. A refusal is answered in the surface's error shape, and
+in its turn: a pipelined request refused while an earlier one runs is answered after that one.
+
+Paths are decided as the app routes them (uvicorn's parse: no query, no fragment, percent-decoded), so a
+path cannot look public here and be routed elsewhere there.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ import logging
 import time
 from collections import Counter
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
+import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
@@ -34,11 +41,14 @@ from sandboxd.api.auth import Auth
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.config import NodeSettings
 from sandboxd.errors import (
+    AtCapacity,
     BadRequest,
+    ClientError,
+    HeadersTooLarge,
     InfraError,
     PayloadTooLarge,
+    RequestTimeout,
     SandboxdError,
-    SandboxSetupError,
     Saturated,
     Unauthorized,
 )
@@ -68,6 +78,7 @@ HOT = {
     (b"POST", b"/sessions"): "create",
 }
 JSON_HEADERS = b"content-type: application/json\r\n"
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class Front:
@@ -80,6 +91,26 @@ class Front:
         self.by_address: Counter[str] = Counter()
         self.by_tenant: Counter[str] = Counter()
         self.protected_metrics = settings.auth_ops
+
+    def count_tenant(self, tenant: str) -> SandboxdError | None:
+        """Count one more connection of ``tenant``; the refusal when it holds too many already."""
+        self.by_tenant[tenant] += 1
+        if self.by_tenant[tenant] <= self.settings.max_connections_per_tenant:
+            return None
+        return Saturated(
+            f"this tenant holds {self.by_tenant[tenant] - 1} connections to this node "
+            f"(max_connections_per_tenant {self.settings.max_connections_per_tenant})",
+            retry_after_s=1.0,
+        )
+
+    def release(self, address: str, tenant: str | None) -> None:
+        self.by_address[address] -= 1
+        if self.by_address[address] <= 0:
+            del self.by_address[address]
+        if tenant is not None:
+            self.by_tenant[tenant] -= 1
+            if self.by_tenant[tenant] <= 0:
+                del self.by_tenant[tenant]
 
     def public(self, path: bytes) -> bool:
         if path in OPS:
@@ -105,6 +136,7 @@ class HotCycle:
         self.response_complete = False
         self.disconnected = False
         self.runnable = False  # first in line on its connection (not behind a pipelined request)
+        self.wants_continue = False
         self.launched = False
         self.message_event = self  # uvicorn calls message_event.set() on body and end of message
 
@@ -118,15 +150,32 @@ class HotCycle:
         self.proto.run_hot(self)
 
 
+class Refusal:
+    """A refusal waiting in the pipeline behind an earlier request still running on its connection."""
+
+    response_complete = False
+    more_body = False
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
 class FrontProtocol(HttpToolsProtocol):
     front: Front | None = None  # found from the app on first use (sandboxd serve and gunicorn alike)
     header_timeout_s = 10.0
+    max_header_bytes = 64 << 10
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # The limit is checked here, for every route, in the surface's shape (uvicorn's own answers plain
+        # text); /healthz and /readyz are exempt.
+        self.max_concurrency = self.limit_concurrency
+        self.limit_concurrency = None
         self._deadline: asyncio.TimerHandle | None = None
         self._address = ""
         self._tenant: str | None = None  # the connection's tenant, counted once
+        self._counted = False
+        self._head_bytes = 0
         self._body_seen = 0
         self._refused = False
 
@@ -148,6 +197,7 @@ class FrontProtocol(HttpToolsProtocol):
         front = self._front()
         self._address = self.client[0] if self.client else ""
         front.by_address[self._address] += 1
+        self._counted = True
         if front.by_address[self._address] > front.settings.max_connections_per_address:
             self._refuse(Saturated(
                 f"this client address holds {front.by_address[self._address] - 1} connections to this node "
@@ -159,15 +209,27 @@ class FrontProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        front = self._front()
-        front.by_address[self._address] -= 1
-        if front.by_address[self._address] <= 0:
-            del front.by_address[self._address]
-        if self._tenant is not None:
-            front.by_tenant[self._tenant] -= 1
-            if front.by_tenant[self._tenant] <= 0:
-                del front.by_tenant[self._tenant]
+        self._release()
         super().connection_lost(exc)
+
+    def _release(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._front().release(self._address, self._tenant)
+
+    def handle_websocket_upgrade(self) -> None:
+        """The WebSocket protocol takes the connection over: the connection stays counted (its address, its
+        tenant) until the WebSocket closes, not until this protocol would have seen it close (never)."""
+        self._disarm()
+        super().handle_websocket_upgrade()
+        ws: Any = self.transport.get_protocol()
+        lost = ws.connection_lost
+
+        def connection_lost(exc: Exception | None) -> None:
+            self._release()
+            lost(exc)
+
+        ws.connection_lost = connection_lost
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
@@ -187,14 +249,35 @@ class FrontProtocol(HttpToolsProtocol):
         pending = cycle is not None and not cycle.response_complete and cycle.more_body
         if pending and not getattr(cycle, "response_started", False):
             s = self._front().settings.body_timeout_s
-            self._refuse(BadRequest(f"the request body did not arrive within {s:g}s"), status=408)
+            self._refuse(RequestTimeout(f"the request body did not arrive whole within {s:g}s"), own=True)
             return
         self.transport.close()
 
     def on_message_begin(self) -> None:
+        if self._refused:
+            return
         super().on_message_begin()
         self._body_seen = 0
+        self._head_bytes = 0
         self._arm(self.header_timeout_s)
+
+    def on_url(self, url: bytes) -> None:
+        if self._refused:
+            return
+        self._head_bytes += len(url)
+        if self._head_bytes > self.max_header_bytes:
+            self._refuse(HeadersTooLarge(f"request line and headers over {self.max_header_bytes} bytes"))
+            return
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._refused:
+            return
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > self.max_header_bytes:
+            self._refuse(HeadersTooLarge(f"request line and headers over {self.max_header_bytes} bytes"))
+            return
+        super().on_header(name, value)
 
     # ------------------------------------------------------------------ requests
 
@@ -204,13 +287,20 @@ class FrontProtocol(HttpToolsProtocol):
             return
         front = self._front()
         method = self.parser.get_method()
-        path, _, _ = self.url.partition(b"?")
+        try:
+            path = request_path(self.url)
+        except httptools.HttpParserInvalidURLError:
+            self._refuse(ClientError("the request's URL is not valid"))
+            return
         upgrade = self.parser.should_upgrade() and self._should_upgrade()
-        authorization = ""
+        authorization: str | None = None
         forwarded_by = None
         length = None
         for name, value in self.headers:
             if name == b"authorization":
+                if authorization is not None:  # which one counts would differ between layers: neither
+                    self._refuse(ClientError("more than one Authorization header"), path=path)
+                    return
                 authorization = value.decode("latin-1")
             elif name == FORWARDED_BY_B:
                 forwarded_by = value.decode("latin-1")
@@ -220,22 +310,22 @@ class FrontProtocol(HttpToolsProtocol):
                 except ValueError:
                     length = None
         tenant = ""
-        if not upgrade and not front.public(path):
+        if not front.public(path) or (upgrade and authorization):
+            # A WebSocket authenticates in its route (its refusal is a close frame there), but one that carries
+            # a key counts for its tenant here, from its handshake to its close.
             try:
-                tenant = front.auth.tenant_of_header(authorization)
+                tenant = front.auth.tenant_of_header(authorization or "")
             except Unauthorized as exc:
-                self._refuse(exc, path=path)
-                return
-            if self._tenant is None and front.auth.enabled:
-                self._tenant = tenant
-                front.by_tenant[tenant] += 1
-                if front.by_tenant[tenant] > front.settings.max_connections_per_tenant:
-                    self._refuse(Saturated(
-                        f"this tenant holds {front.by_tenant[tenant] - 1} connections to this node "
-                        f"(max_connections_per_tenant {front.settings.max_connections_per_tenant})",
-                        retry_after_s=1.0,
-                    ), path=path)  # fmt: skip
+                if not upgrade:
+                    self._refuse(exc, path=path)
                     return
+            else:
+                if self._tenant is None and front.auth.enabled:
+                    self._tenant = tenant
+                    refusal = front.count_tenant(tenant)
+                    if refusal is not None:
+                        self._refuse(refusal, path=path)
+                        return
         if length is not None and length > front.settings.max_body_bytes:
             self._refuse(
                 PayloadTooLarge(
@@ -249,14 +339,8 @@ class FrontProtocol(HttpToolsProtocol):
         if route is None and path.startswith(b"/sessions/") and method in (b"GET", b"DELETE"):
             rest = path[len(b"/sessions/") :]
             if rest and b"/" not in rest:
-                route, arg = ("info" if method == b"GET" else "close"), _unquote(rest)
-        if route is None or upgrade:
-            # The framework's route; its body still bounded here, as a whole, in size and time.
-            if method in (b"POST", b"PUT", b"PATCH"):
-                self._arm(front.settings.body_timeout_s)
-            super().on_headers_complete()
-            return
-        limit = self.limit_concurrency
+                route, arg = ("info" if method == b"GET" else "close"), rest.decode("utf-8", "replace")
+        limit = self.max_concurrency
         if (
             limit is not None
             and route not in ("healthz", "readyz")
@@ -264,17 +348,30 @@ class FrontProtocol(HttpToolsProtocol):
         ):
             self._refuse(at_capacity(limit), path=path)
             return
+        # Whatever the method, the rest of the request (its body, if any) arrives whole within its deadline.
+        self._arm(front.settings.body_timeout_s)
+        if route is None or upgrade:
+            super().on_headers_complete()  # the framework's route; its body still bounded here
+            if self.pipeline and self.pipeline[0][0] is self.cycle:
+                self._disarm()  # queued behind an earlier request: its deadline starts with its turn
+            return
         cycle = HotCycle(self, route, arg, tenant, self.parser.should_keep_alive(), time.monotonic())
-        cycle.caller = Caller(authorization or None, forwarded_by)  # type: ignore[attr-defined]
+        cycle.caller = Caller(authorization, forwarded_by)  # type: ignore[attr-defined]
+        cycle.wants_continue = self.expect_100_continue and bool(length)
         existing = self.cycle
         self.cycle = cycle  # type: ignore[assignment]
-        if method == b"POST":
-            self._arm(front.settings.body_timeout_s)
         if existing is None or existing.response_complete:
-            cycle.runnable = True
+            self._begin(cycle)
         else:
+            self._disarm()  # queued behind an earlier request: its deadline starts with its turn
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, None))  # type: ignore[arg-type]
+
+    def _begin(self, cycle: HotCycle) -> None:
+        """A hot request is first in line: its body may come (``Expect: 100-continue`` answered), it may run."""
+        cycle.runnable = True
+        if cycle.wants_continue and cycle.more_body:
+            self.transport.write(CONTINUE)
 
     def on_body(self, body: bytes) -> None:
         if self._refused:
@@ -282,7 +379,9 @@ class FrontProtocol(HttpToolsProtocol):
         self._body_seen += len(body)
         if self._body_seen > self._front().settings.max_body_bytes:
             cap = self._front().settings.max_body_bytes
-            self._refuse(PayloadTooLarge(f"request body of {self._body_seen}+ bytes; this node takes at most {cap}"))
+            self._refuse(
+                PayloadTooLarge(f"request body of {self._body_seen}+ bytes; this node takes at most {cap}"), own=True
+            )
             return
         if isinstance(self.cycle, HotCycle):  # read whole (bounded above): nobody else would resume the reading
             if not self.cycle.response_complete:
@@ -298,9 +397,19 @@ class FrontProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         if isinstance(cycle, HotCycle):  # a pipelined hot request, now first in line
-            cycle.runnable = True
+            if cycle.more_body:
+                self._arm(self._front().settings.body_timeout_s)
+            self._begin(cycle)
             cycle.launch()
             return
+        if isinstance(cycle, Refusal):  # a refusal whose turn came: the earlier answers are written
+            self._disarm()
+            if not self.transport.is_closing():
+                self.transport.write(cycle.data)
+                self.transport.close()
+            return
+        if cycle.more_body and self._deadline is None:
+            self._arm(self._front().settings.body_timeout_s)  # a pipelined request's turn: its body may come
         super()._start_asgi_task(cycle, app)
 
     # ------------------------------------------------------------------ hot routes
@@ -370,50 +479,77 @@ class FrontProtocol(HttpToolsProtocol):
 
     # ------------------------------------------------------------------ refusals
 
-    def _refuse(self, exc: SandboxdError, path: bytes = b"", status: int | None = None) -> None:
-        """Answer now, in the surface's error shape, and close the connection: nothing more is read."""
+    def _refuse(self, exc: SandboxdError, path: bytes = b"", own: bool = False) -> None:
+        """Answer in the surface's error shape and close the connection: nothing more is read.
+
+        HTTP/1.1 answers in order: a refusal must not overtake an earlier request's answer (a client, or a
+        proxy sharing the connection, would take it for that request's). So when an earlier request on this
+        connection is unanswered, the refusal waits in the pipeline for its turn. ``own``: ``self.cycle`` is
+        the refused request's own (its body was refused); otherwise the refusal came at the request's head,
+        before it had a cycle, and ``self.cycle`` is an earlier request's.
+        """
         self._refused = True
-        code = status or exc.status
-        if path.startswith(b"/run_code"):
-            body = orjson.dumps({"detail": exc.message})
-        elif path.startswith(b"/envs/"):
-            body = orjson.dumps(
-                {"detail": exc.message, "code": "VALIDATION_ERROR" if exc.blame == "client" else "CAPACITY_REACHED"}
-            )
-        elif path.startswith(b"/mcp"):
-            body = orjson.dumps(
-                {"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": f"{exc.code}: {exc.message}"}}
-            )
-        else:
-            err = {"blame": exc.blame, "code": "request_timeout" if code == 408 else exc.code, "message": exc.message}
-            body = orjson.dumps({"ok": False, "status": code, "error": {**err, "retry_after_s": exc.retry_after_s}})
-        head = [STATUS_LINE[code], JSON_HEADERS, b"content-length: ", str(len(body)).encode(), b"\r\n"]
-        if exc.retry_after_s is not None:
-            head += [b"retry-after: ", str(max(1, int(exc.retry_after_s + 0.999))).encode(), b"\r\n"]
-        if code == 401:
-            head.append(b'www-authenticate: Bearer realm="sandboxd"\r\n')
-        head += [b"connection: close\r\n\r\n", body]
+        self._disarm()
+        data = refusal_bytes(exc, path)
+        current = self.cycle
+        if current is not None and not current.response_complete:
+            if own:
+                queued = [entry for entry in self.pipeline if entry[0] is current]
+                for entry in queued:  # it gives its place in line to its refusal
+                    self.pipeline.remove(entry)
+                wait = bool(queued)
+            else:
+                wait = True
+            if wait:
+                self.flow.pause_reading()
+                self.pipeline.appendleft((Refusal(data), None))  # type: ignore[arg-type]
+                return
         if not self.transport.is_closing():
-            self.transport.write(b"".join(head))
+            self.transport.write(data)
             self.transport.close()
+
+
+def refusal_bytes(exc: SandboxdError, path: bytes) -> bytes:
+    """A refusal's whole answer, ``connection: close``, in the error shape of the surface ``path`` belongs to."""
+    code = exc.status
+    if path.startswith(b"/run_code"):
+        body = orjson.dumps({"detail": exc.message})
+    elif path.startswith(b"/envs/"):
+        body = orjson.dumps(
+            {"detail": exc.message, "code": "VALIDATION_ERROR" if exc.blame == "client" else "CAPACITY_REACHED"}
+        )
+    elif path.startswith(b"/mcp"):
+        body = orjson.dumps(
+            {"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": f"{exc.code}: {exc.message}"}}
+        )
+    else:
+        err = {"blame": exc.blame, "code": exc.code, "message": exc.message, "retry_after_s": exc.retry_after_s}
+        body = orjson.dumps({"ok": False, "status": code, "error": err})
+    head = [STATUS_LINE[code], JSON_HEADERS, b"content-length: ", str(len(body)).encode(), b"\r\n"]
+    if exc.retry_after_s is not None:
+        head += [b"retry-after: ", str(max(1, int(exc.retry_after_s + 0.999))).encode(), b"\r\n"]
+    if code == 401:
+        head.append(b'www-authenticate: Bearer realm="sandboxd"\r\n')
+    head += [b"connection: close\r\n\r\n", body]
+    return b"".join(head)
+
+
+def request_path(url: bytes) -> bytes:
+    """The path the app will route, as uvicorn makes it: without query and fragment, percent-decoded."""
+    if b"%" not in url and b"#" not in url and url[:1] == b"/":
+        return url.partition(b"?")[0]  # the usual request line: nothing to decode
+    path: bytes = httptools.parse_url(url).path or b""
+    return unquote_to_bytes(path) if b"%" in path else path
 
 
 FORWARDED_BY_B = FORWARDED_BY.encode()
 
 
 def at_capacity(limit: int) -> SandboxdError:
-    return SandboxSetupError(
-        f"this front process serves {limit} connections or requests at once (max_connections); retry",
-        retry_after_s=1.0,
-    )
+    return AtCapacity(f"this front process serves {limit} connections or requests at once (max_connections); retry")
 
 
-def _unquote(raw: bytes) -> str:
-    from urllib.parse import unquote
-
-    return unquote(raw.decode("latin-1"))
-
-
-def protocol_class(header_timeout_s: float) -> type[FrontProtocol]:
+def protocol_class(settings: NodeSettings) -> type[FrontProtocol]:
     """A protocol class of its own per server: the front it serves is found once, and kept on the class."""
-    return type("Front", (FrontProtocol,), {"header_timeout_s": header_timeout_s, "front": None})
+    attrs = {"header_timeout_s": settings.header_timeout_s, "max_header_bytes": settings.max_header_bytes}
+    return type("Front", (FrontProtocol,), {**attrs, "front": None})

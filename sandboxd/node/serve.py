@@ -40,7 +40,6 @@ def listen(settings: NodeSettings) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((settings.host, settings.port))
     sock.listen(4096)
-    sock.set_inheritable(True)
     return sock
 
 
@@ -65,6 +64,8 @@ class Fronts:
 
     async def _spawn(self, index: int) -> asyncio.subprocess.Process:
         fd = self.sock.fileno()
+        # pass_fds: the fronts get the port; the socket is not inheritable, so nothing else the node starts
+        # (a worker, its jails, its SQL engines) holds it, where it could accept other tenants' requests.
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "sandboxd.front", "--index", str(index), "--fd", str(fd),
             env=self._env(), pass_fds=(fd,), stdin=asyncio.subprocess.DEVNULL,
