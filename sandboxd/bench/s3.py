@@ -48,13 +48,13 @@ def is_s3(location: str) -> bool:
 
 
 def _client(endpoint_url: str | None) -> Any:
-    import aioboto3
+    from aiobotocore.session import get_session
     from botocore.config import Config
 
     config = Config(
         connect_timeout=5, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}, user_agent_extra="sandboxd"
     )
-    return aioboto3.Session().client("s3", endpoint_url=endpoint_url, config=config)
+    return get_session().create_client("s3", endpoint_url=endpoint_url, config=config)
 
 
 def _reason(exc: BaseException) -> str:
