@@ -398,3 +398,23 @@ def test_s3_failures_are_clear_and_quick(two_machines: tuple[Path, Path], s3_end
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bench.returncode == 2 and "s3://nope is not usable" in bench.stderr  # before any benchmarking
+
+
+def test_sizing_never_extrapolates_a_node_past_what_its_front_processes_carry() -> None:
+    """A 2-vCPU node carried 2,000 light steps/s (1,000 per vCPU) with 0.1 ms of front CPU each: per-vCPU
+    scaling would give a 64-vCPU node 64,000/s, but its default front processes carry 80,000/s only if
+    there are 8 of them; with fewer, they are the bound, and the row says so."""
+    from sandboxd.bench.results import Machine
+    from sandboxd.bench.size import Capacity, ceiling
+    from sandboxd.config import VCPUS_PER_FRONT
+
+    m = Machine("m7i.large", "x86_64", 2, "test")
+    light = Capacity(m, "B3", 32, 2000.0, 50.0, "here", front_ms_per_unit=0.1)
+    fronts = -(-64 // VCPUS_PER_FRONT)
+    units, bound = ceiling(light, 64)
+    assert units == min(64_000.0, fronts * 10_000.0)
+    assert bound == ("vcpus" if fronts * 10_000 >= 64_000 else f"fronts {fronts} x 10000/s")
+    heavy_front = Capacity(m, "B3", 32, 2000.0, 50.0, "here", front_ms_per_unit=2.0)  # 500/s per front
+    units, bound = ceiling(heavy_front, 64)
+    assert units == fronts * 500.0 and bound == f"fronts {fronts} x 500/s"
+    assert ceiling(Capacity(m, "B3", 32, 2000.0, 50.0, "here"), 64) == (64_000.0, "front unmeasured")

@@ -65,7 +65,7 @@ def _machines(machines: list[MachineResults]) -> str:
 def _sizing(rows: list[Row], reference: str) -> str:
     body = "".join(
         f"<tr><td>{html.escape(r.instance_type)}</td><td>{r.vcpus}</td><td>{r.hourly_usd:.4f}"
-        f"{' (est.)' if r.price_basis == 'estimate' else ''}</td><td>{r.basis}</td>"
+        f"{' (est.)' if r.price_basis == 'estimate' else ''}</td><td>{r.basis}</td><td>{html.escape(r.bound)}</td>"
         f"<td>{fmt(r.units_per_s_per_vcpu, 3)}</td><td>{fmt(r.units_per_s_per_instance, 2)}</td><td>{r.instances}</td>"
         f"<td>{fmt(r.fleet_hourly_usd, 2)}</td><td>{fmt(r.usd_per_1k_units, 5)}</td><td>{fmt(r.usd_per_1m_units, 2)}</td>"
         f"<td>{f'{r.vs_reference:+.1%}' if r.vs_reference is not None else '-'}</td>"
@@ -73,7 +73,7 @@ def _sizing(rows: list[Row], reference: str) -> str:
         for r in rows
     )
     return (
-        "<table class='sizing'><thead><tr><th>Type</th><th>vCPU</th><th>$/h</th><th>Basis</th><th>Units/s per vCPU</th>"
+        "<table class='sizing'><thead><tr><th>Type</th><th>vCPU</th><th>$/h</th><th>Basis</th><th>Bound</th><th>Units/s per vCPU</th>"
         "<th>Units/s each</th><th>Instances</th><th>Fleet $/h</th><th>$/1k units</th><th>$/1M units</th>"
         f"<th>vs {html.escape(reference)}</th><th>Measured on</th></tr></thead><tbody>{body}</tbody></table>"
     )

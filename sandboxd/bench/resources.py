@@ -39,8 +39,13 @@ def _mem_used_gb() -> float:
 
 
 class Sampler:
-    def __init__(self, period_s: float = 1.0, delay_s: float = 0.0, window_s: float | None = None) -> None:
-        """Sample from ``delay_s`` after entering (the warm-up) for ``window_s`` (None: until exit)."""
+    def __init__(
+        self, period_s: float = 1.0, delay_s: float = 0.0, window_s: float | None = None, node_pid: int | None = None
+    ) -> None:
+        """Sample from ``delay_s`` after entering (the warm-up) for ``window_s`` (None: until exit); with
+        ``node_pid`` (a node on this machine), also the CPU of its processes by role (``proctree.py``)."""
+        self.node_pid = node_pid
+        self.roles: list[tuple[float, dict[str, float]]] = []  # (monotonic, CPU seconds so far by role)
         self.period_s = min(period_s, window_s / 3) if window_s else period_s
         self.delay_s = delay_s
         self.window_s = window_s
@@ -66,7 +71,9 @@ class Sampler:
         prev = _cpu()
         prev_t = start
         self.mem_peak_gb = _mem_used_gb()
+        self._sample_roles()
         while not self._stop.wait(self.period_s):
+            self._sample_roles()
             cur, now = _cpu(), time.monotonic()
             if self.window_s is not None and now - start > self.window_s + self.period_s / 2:
                 return
@@ -77,6 +84,22 @@ class Sampler:
                 self.stamps.append((prev_t, now))
             self.mem_peak_gb = max(self.mem_peak_gb, _mem_used_gb())
             prev, prev_t = cur, now
+
+    def _sample_roles(self) -> None:
+        if self.node_pid is not None:
+            from sandboxd.bench.proctree import cpu_by_role
+
+            self.roles.append((time.monotonic(), cpu_by_role(self.node_pid)))
+
+    def cpu_by_role(self, window: tuple[float, float] | None) -> tuple[dict[str, float], float] | None:
+        """CPU seconds each role of the node used over the samples inside ``window``, and the seconds covered."""
+        if window is None:
+            return None
+        inside = [(t, r) for t, r in self.roles if window[0] - self.period_s <= t <= window[1] + self.period_s]
+        if len(inside) < 2:
+            return None
+        (t0, a), (t1, b) = inside[0], inside[-1]
+        return {k: b[k] - a[k] for k in a}, t1 - t0
 
     def within(self, window: tuple[float, float] | None) -> Sampler:
         """Only the samples that lie inside a monotonic window (the load generator's measure window)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import threading
 import time
@@ -139,6 +140,33 @@ class Progress:
         print(line, flush=True)
 
 
+def node_processes(target: str) -> dict[str, Any]:
+    """The node's process model as it says it (front processes, workers) and, when it runs on this machine,
+    the pid its processes descend from (for CPU per unit by role)."""
+    import httpx
+
+    try:
+        status = httpx.get(f"{target.split(',')[0]}/readyz", timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    out: dict[str, Any] = {"fronts": len(status.get("fronts") or []) or 1, "workers": len(status.get("workers") or [])}
+    pid = status.get("pid")
+    local = any(h in target for h in ("127.0.0.1", "localhost", "[::1]"))
+    if isinstance(pid, int) and local and os.path.exists(f"/proc/{pid}"):
+        out["pid"] = pid
+    return out
+
+
+def cpu_per_unit(used: tuple[dict[str, float], float] | None, units_per_s: float) -> dict[str, Any]:
+    """CPU ms per unit of each role (front, node, worker, sandbox) over the measure window: what bounds a
+    node of another size (``sandboxd size`` never extrapolates past what its front processes carry)."""
+    if used is None or units_per_s <= 0:
+        return {}
+    cpu, seconds = used
+    units = units_per_s * seconds
+    return {"cpu_ms_per_unit": {role: round(v * 1000 / units, 4) for role, v in cpu.items()}}
+
+
 def _cost(instance: dict[str, Any], units_per_s: float) -> dict[str, Any]:
     price = pricing.hourly_price(instance["instance_type"])
     return {"instance_hourly_usd": price or None, "cost_per_1k_units_usd": pricing.cost_per_1k(price, units_per_s)}
@@ -159,7 +187,8 @@ def run_timed(
     ncpu = instance["vcpus"]
     seed = wl.seed_base ^ c
     t_start = time.monotonic()
-    with Sampler() as sampler:  # the whole level; only the load generator's measure window is kept
+    node = node_processes(target)
+    with Sampler(node_pid=node.pop("pid", None)) as sampler:  # the whole level; only the measure window is kept
         s = loadgen.run_level(wl_id, target, c, plan.warmup, duration, seed=seed)
     throughput = wl.throughput(s, duration)
     primary = float(throughput[wl.throughput_key])
@@ -175,6 +204,7 @@ def run_timed(
         "seed_base": seed,
         "ops_per_sec": round(s.ops / duration, 3),  # the workload's own requests (interference.py's unit)
         "per_vcpu_throughput": round(primary / ncpu, 3),
+        "node": {**node, **cpu_per_unit(sampler.cpu_by_role(s.window), primary)},
         "versions": _versions(),
     }
     result: dict[str, Any] = {

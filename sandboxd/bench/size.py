@@ -13,6 +13,14 @@ type of the price table then takes its figure from, in this order:
 4. left out: no machine of its architecture measured. Graviton and Intel differ
    per vCPU by tens of percent; one is never priced with the other's figures.
 
+Per-vCPU scaling holds for the workers, not for what takes HTTP: a node's
+front processes carry at most 1 / (front CPU per unit) units/s each, and a node
+of V vCPUs runs ``ceil(V / VCPUS_PER_FRONT)`` of them by default. A result that
+recorded its front processes' CPU per unit (``extra.node.cpu_ms_per_unit``)
+caps every node priced from it at that ceiling, and the ``bound`` column says
+which one holds ("vcpus", or "fronts K x N/s"); a figure without it is marked
+"front unmeasured".
+
 Cost is the study's: $/1M units = price_h x 10^6 / (3600 x units/s per
 instance), compared with the reference type's (e.g. m7i) as "-30%".
 """
@@ -39,6 +47,7 @@ class Capacity:
     throughput: float
     p99_ms: float
     source: str
+    front_ms_per_unit: float | None = None  # CPU of the node's front processes per unit, when recorded
 
     @property
     def per_vcpu(self) -> float:
@@ -61,6 +70,7 @@ class Row:
     measured_on: str
     source: str
     units_per_s_per_vcpu: float
+    bound: str  # "vcpus", "fronts K x N/s" (the front processes carry no more), or "front unmeasured"
     units_per_s_per_instance: float
     instances: int
     fleet_hourly_usd: float
@@ -95,7 +105,9 @@ def best_capacity(mr: MachineResults, workload: str, p99_ms: float) -> Capacity 
             continue
         if errors > MAX_ERROR_SHARE * max(count, 1):
             continue
-        cap = Capacity(mr.machine, workload, r["concurrency"], tput, float(p99), mr.sources[workload])
+        front = ((r.get("extra") or {}).get("node") or {}).get("cpu_ms_per_unit", {}).get("front")
+        front_ms = float(front) if isinstance(front, int | float) and front > 0 else None
+        cap = Capacity(mr.machine, workload, r["concurrency"], tput, float(p99), mr.sources[workload], front_ms)
         if best is None or cap.throughput > best.throughput:
             best = cap
     return best
@@ -173,7 +185,7 @@ def plan(
                 left_out.add(it.arch)
                 continue
             basis, cap = picked
-            per_instance = cap.per_vcpu * it.vcpus
+            per_instance, bound = ceiling(cap, it.vcpus)
             wl_rows.append(
                 Row(
                     workload=wl,
@@ -187,6 +199,7 @@ def plan(
                     measured_on=cap.describe(),
                     source=cap.source,
                     units_per_s_per_vcpu=round(cap.per_vcpu, 4),
+                    bound=bound,
                     units_per_s_per_instance=round(per_instance, 3),
                     instances=math.ceil(target_units_per_s / per_instance),
                     fleet_hourly_usd=round(math.ceil(target_units_per_s / per_instance) * it.hourly_usd, 4),
@@ -201,6 +214,20 @@ def plan(
     for arch, wls in sorted(unpriced.items()):
         notes.append(f"{arch} types left out ({', '.join(wls)}): no {arch} machine measured")
     return Fleet(target_units_per_s, p99_ms, reference, rows, notes)
+
+
+def ceiling(cap: Capacity, vcpus: int) -> tuple[float, str]:
+    """Units/s one node of ``vcpus`` carries: per-vCPU scaling, capped by what its front processes carry."""
+    from sandboxd.config import VCPUS_PER_FRONT
+
+    scaled = cap.per_vcpu * vcpus
+    if cap.front_ms_per_unit is None:
+        return scaled, "front unmeasured"
+    fronts = max(1, -(-vcpus // VCPUS_PER_FRONT))
+    per_front = 1000.0 / cap.front_ms_per_unit
+    if fronts * per_front < scaled:
+        return fronts * per_front, f"fronts {fronts} x {per_front:.0f}/s"
+    return scaled, "vcpus"
 
 
 def _compare(rows: list[Row], reference: str, notes: list[str], wl: str) -> list[Row]:
@@ -231,13 +258,14 @@ def print_table(fleet: Fleet) -> None:
             current = r.workload
             print(
                 f"\n{r.workload} {WORKLOADS[r.workload].title} ({r.unit}s)\n"
-                f"  {'type':<14}{'vCPU':>5}{'$/h':>9}  {'basis':<13}{'units/s each':>13}{'instances':>10}"
+                f"  {'type':<14}{'vCPU':>5}{'$/h':>9}  {'basis':<13}{'bound':<22}{'units/s each':>13}{'instances':>10}"
                 f"{'fleet $/h':>11}{'$/1k units':>12}{'$/1M units':>12}{'vs ' + fleet.reference:>9}  measured on"
             )
         price = f"{r.hourly_usd:.4f}" + ("e" if r.price_basis == "estimate" else " ")
         vs = f"{r.vs_reference:+.0%}" if r.vs_reference is not None else "-"
         print(
-            f"  {r.instance_type:<14}{r.vcpus:>5}{price:>9}  {r.basis:<13}{r.units_per_s_per_instance:>13.2f}"
+            f"  {r.instance_type:<14}{r.vcpus:>5}{price:>9}  {r.basis:<13}{r.bound:<22}"
+            f"{r.units_per_s_per_instance:>13.2f}"
             f"{r.instances:>10}{r.fleet_hourly_usd:>11.2f}{r.usd_per_1k_units:>12.5f}{r.usd_per_1m_units:>12.2f}"
             f"{vs:>9}  {r.measured_on}"
         )

@@ -294,6 +294,87 @@ class ToolCall(Workload):
         }
 
 
+class ToolCallBaseline(Workload):
+    """B3 on the replica of the public suite's mock API (``baselines/b3_worker.py``): one op = one of the
+    suite's own trajectories (~11.7 calls), every call as its default user, no session, nothing isolated."""
+
+    id, name, title, unit = "B3-baseline", "toolcall-baseline", "ToolCall (suite's worker)", "trajectory"
+    rate_unit = "traj/s"
+    throughput_key, seed_base = "trajectories_per_sec", 0xB3
+    listed = False
+
+    def setup(self, options: dict[str, Any]) -> list[tuple[str, list[Any]]]:
+        from sandboxd.bench.suite_b3 import build_pool
+
+        return build_pool(42)
+
+    async def op(self, loop: Loop) -> OpResult:
+        name, calls = loop.shared[loop.rng.randrange(len(loop.shared))]
+        for method, path, body in calls:
+            status, result = await loop.conn.request(method, path, body)
+            if status >= 300:
+                return http_failure(status, result, channel=name)
+        return OpResult(passed=True, channel=name, steps=len(calls))
+
+    def throughput(self, s: Samples, duration_s: float) -> dict[str, Any]:
+        return {self.throughput_key: round(s.ops / duration_s, 3), "tool_calls_per_sec": round(s.steps / duration_s, 1)}
+
+
+class LightCall(Workload):
+    """One light one-shot step per op (the call trainers send most): a tools lookup by default, or
+    ``options["step"]``, a whole step body (e.g. a textgame step or a python ``pass``)."""
+
+    id, name, title, unit = "call", "call", "one light step", "call"
+    rate_unit = "calls/s"
+    throughput_key, seed_base = "calls_per_sec", 0xCA11
+    listed = False
+    runners = ("tools",)
+    DEFAULT: ClassVar[dict[str, Any]] = {
+        "runner": "tools",
+        "action": {"tool": "get_product_details", "args": {"product_id": "P1001"}},
+    }
+
+    async def begin(self, loop: Loop) -> None:
+        """``options["session"]``: each loop steps one session of that kind (session steps, not one-shots)."""
+        if kind := loop.options.get("session"):
+            status, info = await loop.conn.request("POST", "/sessions", {"runner": kind})
+            if status != 201:
+                raise ValueError(f"creating a {kind} session: {status} {info}")
+            loop.state["session_id"] = info["session_id"]
+            if first := loop.options.get("first"):  # e.g. a game's reset, before its steps
+                status, result = await loop.conn.request(
+                    "POST", "/rollout/step", {**first, "session_id": info["session_id"]}
+                )
+                if status != 200:
+                    raise ValueError(f"first step of a {kind} session: {status} {result}")
+
+    async def end(self, loop: Loop) -> None:
+        if sid := loop.state.get("session_id"):
+            await loop.conn.request("DELETE", f"/sessions/{sid}")
+
+    async def op(self, loop: Loop) -> OpResult:
+        body = loop.options.get("step") or self.DEFAULT
+        if sid := loop.state.get("session_id"):
+            body = {**body, "session_id": sid}
+        status, result = await loop.conn.request("POST", "/rollout/step", body)
+        if status != 200:
+            return http_failure(status, result)
+        return OpResult(passed=result.get("ok"))
+
+
+class LightCallBaseline(Workload):
+    """The same light call on the suite's worker replica: ``GET /product/{id}``."""
+
+    id, name, title, unit = "call-baseline", "call-baseline", "one light call (suite's worker)", "call"
+    rate_unit = "calls/s"
+    throughput_key, seed_base = "calls_per_sec", 0xCA11
+    listed = False
+
+    async def op(self, loop: Loop) -> OpResult:
+        status, result = await loop.conn.request("GET", f"/product/{loop.rng.randrange(200)}")
+        return http_failure(status, result) if status != 200 else OpResult(passed=True)
+
+
 class SQLExec(Workload):
     """B5: one TPC-H query (Q1-Q22, uniformly drawn) per op on the node's shared data; per-query channels."""
 
@@ -528,6 +609,9 @@ WORKLOADS: dict[str, Workload] = {
     for w in (
         CodeExec(),
         ToolCall(),
+        ToolCallBaseline(),
+        LightCall(),
+        LightCallBaseline(),
         Browser(),
         BrowserBaseline(),
         SQLExec(),

@@ -260,7 +260,7 @@ class Worker:
         result = {
             "ok": error is None,
             "status": 200,
-            "observation": outcome.observation.model_dump(mode="json"),
+            "observation": orjson.Fragment(outcome.observation.model_dump_json()),
             "error": None if error is None else {**error, "retry_after_s": None},
             "latency_ms": round(elapsed * 1000, 3),
             "worker": self.index,
