@@ -411,6 +411,73 @@ async def test_a_session_program_writing_to_its_channel_ends_only_its_session(
         await http.delete(f"/sessions/{good}")
 
 
+# Found by the red team: a cell wrote a well-formed reply and then failed. Its own verdict it can forge (it shares
+# the interpreter with the harness and can read its cell's tag there: docs/security.md); what it must never do
+# is leave the real reply behind to answer a later cell, where a grader's failing assert came back ok.
+FORGE_DONE = (
+    "import os, stat, struct, sys\n"
+    "f = sys._getframe()\n"
+    "while f is not None and {find}: f = f.f_back\n"
+    "head = {head}\n"
+    "for fd in os.listdir('/proc/self/fd'):\n"
+    "    try:\n"
+    "        if stat.S_ISSOCK(os.fstat(int(fd)).st_mode): os.write(int(fd), struct.pack('!II', len(head), 0) + head)\n"
+    "    except OSError: pass\n"
+    "print('forged')\n"
+    "import time; time.sleep(0.3)\n"  # the real reply comes later, apart from the forged one
+    "raise SystemExit(3)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("find", "head"),
+    [
+        ("False", 'b\'{{"op":"done","exit_code":0}}\''),  # a reply without its request's tag
+        ("'tag' not in f.f_locals", 'b\'{{"op":"done","exit_code":0,"tag":%d}}\' % f.f_locals[\'tag\']'),
+    ],
+    ids=["untagged", "own-tag-read-from-the-harness"],
+)
+async def test_a_forged_reply_never_answers_a_later_cell(http: httpx.AsyncClient, find: str, head: str) -> None:
+    sid = await session(http)
+    try:
+        first = await py(http, FORGE_DONE.format(find=find, head=head), session_id=sid)
+        assert first["http"] == 200, first
+        if find == "False":  # not even its own cell's verdict: the tag does not match
+            assert first["error"]["blame"] == "program" and first["observation"]["killed_by"] == "protocol", first
+        later = await py(http, "x = 1", session_id=sid)
+        grader = await py(http, "print('grader'); assert False", session_id=sid)
+        assert grader.get("ok") is not True, grader  # was ok, with the cell before's output: one reply behind
+        if first["observation"]["session_alive"] is False:
+            assert later["http"] == 404 and grader["http"] == 404, (later, grader)
+        else:  # the forged reply was taken for its own cell; the real one, left behind, ends the session
+            assert later["http"] == 200 and later["ok"] is False and later["error"]["blame"] == "program", later
+            assert later["observation"]["killed_by"] == "protocol", later
+            assert later["observation"]["session_alive"] is False and grader["http"] == 404, later
+    finally:
+        await http.delete(f"/sessions/{sid}")
+
+
+async def test_a_cell_rebinding_exec_or_the_harness_names_does_not_make_later_cells_pass(
+    http: httpx.AsyncClient,
+) -> None:
+    sid = await session(http)
+    try:
+        tamper = (
+            "import builtins, sys, os\n"
+            "builtins.exec = lambda *a, **k: None\n"
+            "builtins.compile = lambda *a, **k: None\n"
+            "sys.exit = lambda *a: None\n"
+            "os._exit = lambda *a: None\n"
+        )
+        assert (await py(http, tamper, session_id=sid))["ok"]
+        r = await py(http, "print('graded'); assert 1 == 2, 'wrong answer'", session_id=sid)
+        assert r["ok"] is False and r["error"]["code"] == "program_exit", r
+        assert r["observation"]["stdout"] == "graded\n" and "wrong answer" in r["observation"]["stderr"], r
+        assert (await py(http, "print(6 * 7)", session_id=sid))["observation"]["stdout"] == "42\n"
+    finally:
+        await http.delete(f"/sessions/{sid}")
+
+
 async def test_a_session_program_closing_its_channel_is_its_own_failure_at_once(http: httpx.AsyncClient) -> None:
     """Found by the red team: this was a 10 s wait and then session_lost, blamed on the infrastructure."""
     sid = await session(http)

@@ -203,6 +203,8 @@ async def recv_frame(
         if not chunk:
             raise wire.WireError("sandbox closed its channel")
         buf += chunk
+    if len(buf) > total:  # the harness writes one frame per request: more is the program writing on the channel
+        raise ChannelGarbage(f"{len(buf) - total} bytes after the frame")
     try:
         header = json.loads(bytes(buf[wire.PREFIX.size : wire.PREFIX.size + head_len]))
     except ValueError as exc:
@@ -541,10 +543,17 @@ async def run_step(
                 if session:
                     step_exit = waiter.result()[0]
                     code = step_exit.get("exit_code")
-                    if step_exit.get("op") == "stage_error":
+                    if step_exit.get("tag") == header.get("tag") and step_exit.get("op") == "stage_error":
                         break  # the cell never ran: its files could not be written
-                    if step_exit.get("op") != "done" or not isinstance(code, int) or isinstance(code, bool):
-                        step_exit = None  # a cell that wrote its own frames: the program broke its session
+                    if (
+                        step_exit.get("tag") != header.get("tag")
+                        or step_exit.get("op") != "done"
+                        or not isinstance(code, int)
+                        or isinstance(code, bool)
+                    ):
+                        # A frame the program wrote itself: not the reply to this request (an earlier cell's
+                        # forgery leaves the real reply behind it, answering the wrong cell). The session ends.
+                        step_exit = None
                         killed_by = killed_by or "protocol"
                         ex.kill()
                 break

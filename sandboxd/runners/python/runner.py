@@ -13,6 +13,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -469,6 +470,9 @@ class PythonRunner:
         if sess is None:
             raise UnknownSession(f"no Python session {session_id} on worker {self.name}")
         async with sess.lock:
+            # Unguessable, so a program cannot write the reply to a cell it has not seen yet (it can still read
+            # its own cell's tag from the interpreter it shares with the harness: docs/security.md).
+            header["tag"] = secrets.randbits(62)
             if limits.memory_mb:
                 sess.cgroup.set_limits(limits.memory_mb << 20, self.cfg.pids_max)
             before = sess.cgroup.counters()

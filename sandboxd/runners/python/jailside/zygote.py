@@ -651,7 +651,8 @@ def _collect(paths: list[str], cap: int) -> tuple[list[int], dict[str, str], byt
 
 
 def _session_loop(sock: socket.socket, req: dict[str, Any], body: bytes) -> int:
-    """Cells in one interpreter, one reply each. Outside its cells (while the harness reads, writes and
+    """Cells in one interpreter, one reply each, carrying its request's tag (the worker's check that a frame
+    the program wrote on this channel cannot stand in for a later cell's reply). Outside its cells (while the harness reads, writes and
     cleans up) SIGINT is held back: the worker's interrupt at a cell's deadline belongs to that cell, and
     one that lands after the cell finished is dropped instead of breaking the harness or the next cell."""
     namespace = _fresh_main()
@@ -663,10 +664,12 @@ def _session_loop(sock: socket.socket, req: dict[str, Any], body: bytes) -> int:
         if req.get("op") == "close":
             return 0
         cell += 1
+        tag = req.get("tag")
+        tag = tag if type(tag) is int else 0
         try:
             code, stdin = _stage(req, body)
         except (OSError, ValueError) as exc:
-            reply = _json_encode({"op": "stage_error", "error": str(exc)}).encode()
+            reply = _json_encode({"op": "stage_error", "error": str(exc), "tag": tag}).encode()
         else:
             _limits(req, session=True)
             _sys.stdin = _TextIOWrapper(_BytesIO(stdin), encoding="utf-8")
@@ -681,7 +684,7 @@ def _session_loop(sock: socket.socket, req: dict[str, Any], body: bytes) -> int:
             _hold(sigint)
             _flush()
             _reap_strays()
-            reply = b'{"op":"done","exit_code":%d}' % rc
+            reply = b'{"op":"done","exit_code":%d,"tag":%d}' % (rc, tag)
         try:
             _send(sock, reply)
             req, body = _recv_frame(sock)
