@@ -543,14 +543,10 @@ async def run_step(
                 if session:
                     step_exit = waiter.result()[0]
                     code = step_exit.get("exit_code")
-                    if step_exit.get("tag") == header.get("tag") and step_exit.get("op") == "stage_error":
+                    ours = step_exit.get("tag") == header.get("tag")
+                    if ours and step_exit.get("op") == "stage_error":
                         break  # the cell never ran: its files could not be written
-                    if (
-                        step_exit.get("tag") != header.get("tag")
-                        or step_exit.get("op") != "done"
-                        or not isinstance(code, int)
-                        or isinstance(code, bool)
-                    ):
+                    if not ours or step_exit.get("op") != "done" or not isinstance(code, int) or isinstance(code, bool):
                         # A frame the program wrote itself: not the reply to this request (an earlier cell's
                         # forgery leaves the real reply behind it, answering the wrong cell). The session ends.
                         step_exit = None

@@ -652,9 +652,10 @@ def _collect(paths: list[str], cap: int) -> tuple[list[int], dict[str, str], byt
 
 def _session_loop(sock: socket.socket, req: dict[str, Any], body: bytes) -> int:
     """Cells in one interpreter, one reply each, carrying its request's tag (the worker's check that a frame
-    the program wrote on this channel cannot stand in for a later cell's reply). Outside its cells (while the harness reads, writes and
-    cleans up) SIGINT is held back: the worker's interrupt at a cell's deadline belongs to that cell, and
-    one that lands after the cell finished is dropped instead of breaking the harness or the next cell."""
+    the program wrote on this channel cannot stand in for a later cell's reply). Outside its cells (while
+    the harness reads, writes and cleans up) SIGINT is held back: the worker's interrupt at a cell's
+    deadline belongs to that cell, and one that lands after the cell finished is dropped instead of
+    breaking the harness or the next cell."""
     namespace = _fresh_main()
     _stdio()
     cell = 0
