@@ -25,6 +25,7 @@
         ├── AtCapacity           503     a front process serves all the connections it may (max_connections)
         ├── StoreUnavailable     503     the shared store (Redis) did not answer; one-shots still run
         ├── NodeIdConflict       503     another live node holds this node's id: it makes no sessions
+        ├── NodePressure         503     a limit above the sandbox's own (node, pod) or starvation stopped it
         └── NodeUnreachable      502     the node that owns the session did not answer (retry)
 
 Trainers must mask infrastructure failures instead of scoring them as a zero
@@ -235,6 +236,17 @@ class NodeIdConflict(InfraError):
 
     status = 503
     code = "node_id_conflict"
+    default_retry_after_s = 1.0
+
+
+class NodePressure(InfraError):
+    """The sandbox was stopped by something above its own limits: the node's or its pod's memory or pids
+    limit (the kernel reports it in the sandbox's own counters too, so each kill is checked against the
+    sandbox's own limit), or neighbours keeping it off the CPU past its time limit. Retry: the program
+    did not fail."""
+
+    status = 503
+    code = "node_pressure"
     default_retry_after_s = 1.0
 
 

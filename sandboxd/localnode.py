@@ -45,7 +45,7 @@ _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: no dlopen bet
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with(parent: int) -> Callable[[], None]:
+def _die_with(parent: int, join: tuple[str, ...] = ()) -> Callable[[], None]:
     def before_exec() -> None:
         """In the child: SIGTERM it when its parent dies, even by SIGKILL.
 
@@ -56,6 +56,9 @@ def _die_with(parent: int) -> Callable[[], None]:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:
             os._exit(1)
+        for procs in join:  # a cgroup to run in (a test's "pod"): everything the node starts is below it
+            with open(procs, "w") as f:
+                f.write("0")
 
     return before_exec
 
@@ -63,7 +66,9 @@ def _die_with(parent: int) -> Callable[[], None]:
 class NodeProcess:
     """A node started as a subprocess; ``stop`` (SIGTERM, then SIGKILL after 30 s) is idempotent."""
 
-    def __init__(self, settings: dict[str, str] | None = None, inherit: bool = False, port: int = 0) -> None:
+    def __init__(
+        self, settings: dict[str, str] | None = None, inherit: bool = False, port: int = 0, cgroup: tuple[str, ...] = ()
+    ) -> None:
         self.port = port or free_port()
         env = {k: v for k, v in os.environ.items() if inherit or not k.startswith("SANDBOXD_")}
         env.update({"SANDBOXD_HOST": "127.0.0.1", "SANDBOXD_PORT": str(self.port)})
@@ -72,7 +77,7 @@ class NodeProcess:
         self.settings = dict(settings or {})
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sandboxd", "serve"], env=env, preexec_fn=_die_with(os.getpid())
+            [sys.executable, "-m", "sandboxd", "serve"], env=env, preexec_fn=_die_with(os.getpid(), cgroup)
         )
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
@@ -94,15 +99,19 @@ class NodeProcess:
 
 @contextlib.contextmanager
 def local_node(
-    settings: dict[str, str] | None = None, inherit: bool = False, timeout_s: float = 180.0
+    settings: dict[str, str] | None = None,
+    inherit: bool = False,
+    timeout_s: float = 180.0,
+    cgroup: tuple[str, ...] = (),
 ) -> Iterator[str]:
     """Yield the base URL of a fresh node; stop it (and all it started) on exit.
 
     ``settings`` are SANDBOXD_* variables for it; with ``inherit`` false, the
     caller's own SANDBOXD_* variables are not passed on (bench and tests want a
     node of known configuration), with it true they are (``sandboxd demo``).
+    ``cgroup``: ``cgroup.procs`` files the node joins before it starts (a test's pod).
     """
-    node = NodeProcess(settings, inherit)
+    node = NodeProcess(settings, inherit, cgroup=cgroup)
     try:
         node.wait_ready(timeout_s)
         yield node.url

@@ -61,6 +61,11 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def running_node(**settings: object) -> contextlib.AbstractContextManager[str]:
     """A real node as a subprocess; keyword arguments become SANDBOXD_* settings."""
+    return running_node_in((), **settings)
+
+
+def running_node_in(cgroup: tuple[str, ...], **settings: object) -> contextlib.AbstractContextManager[str]:
+    """``running_node`` inside a cgroup: ``cgroup`` names the ``cgroup.procs`` files it joins (a pod's limits)."""
     env = {
         f"SANDBOXD_{key.upper()}": value
         if isinstance(value, str)
@@ -69,7 +74,7 @@ def running_node(**settings: object) -> contextlib.AbstractContextManager[str]:
         else str(value)
         for key, value in settings.items()
     }
-    return local_node(env, timeout_s=120)
+    return local_node(env, timeout_s=120, cgroup=cgroup)
 
 
 async def step_ok(

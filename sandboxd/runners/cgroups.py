@@ -9,7 +9,15 @@ stays where the process was made, whatever moves later.
 
 Counters (OOM kills, pids-limit hits) are read before and after each execution
 so that a kill can be attributed to the limit that caused it; with one execution
-at a time per slot the delta is unambiguous.
+at a time per slot the delta is unambiguous. Which limit: the kernel counts an
+OOM kill, and (v1) a refused fork, in the victim's own group whichever ancestor's
+limit was reached, so each is checked against the group's own limit: its own
+memory limit's hits (v2 ``memory.events`` max, counted only where the limit
+is; v1: the group's peak reached its limit during the execution, since v1 does
+not count ``failcnt`` where memsw is limited and memsw is charged first) and,
+for pids, whether the group ever reached its own ``pids.max`` and no ancestor
+is at its own. A kill or refusal from above is the
+node's (``NodePressure``), never the program's.
 """
 
 from __future__ import annotations
@@ -30,12 +38,14 @@ log = logging.getLogger("sandboxd.cgroups")
 V1_CONTROLLERS = ("memory", "pids")
 V1_OPTIONAL = ("cpu",)  # used where mounted: a CPU quota per sandbox
 CPU_PERIOD_US = 100_000
+AT_LIMIT_BYTES = 2 << 20  # a v1 peak this close to the limit reached it (charges come in batches of 64 pages)
 
 
 @dataclass(frozen=True)
 class Counters:
     oom_kills: int
     pids_max_hits: int
+    memory_limit_hits: int = 0  # charges this group's own memory limit stopped (reclaimed or not)
 
 
 def _read_kv(path: Path) -> dict[str, int]:
@@ -48,6 +58,22 @@ def _read_kv(path: Path) -> dict[str, int]:
     except OSError:
         pass
     return out
+
+
+def _read_int(path: Path, default: int = 0) -> int:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+def _read_limit(path: Path) -> int | None:
+    """A limit file's value; None for "max" (none) or unreadable."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def _own_path(controller: str | None) -> str:
@@ -67,6 +93,7 @@ class CgroupGroup:
     def __init__(self, dirs: dict[str, Path], version: int) -> None:
         self.dirs = dirs
         self.version = version
+        self.memory_limit = 0  # set_limits' (0: none set here)
 
     @property
     def procs_files(self) -> list[Path]:
@@ -85,6 +112,7 @@ class CgroupGroup:
                 with contextlib.suppress(OSError):
                     memsw.write_text(str(memory_bytes))
                 (self.dirs["pids"] / "pids.max").write_text(str(pids))
+                self.memory_limit = memory_bytes
             else:
                 d = self.dirs["unified"]
                 (d / "memory.max").write_text(str(memory_bytes))
@@ -116,14 +144,51 @@ class CgroupGroup:
         except OSError as exc:
             raise SandboxSetupError(f"cannot move pid {pid} into cgroup: {exc}") from exc
 
-    def counters(self) -> Counters:
+    def counters(self, start: bool = False) -> Counters:
+        """The group's counters; ``start``: read before an execution (the v1 peak is reset if it stands at
+        the limit, so that the reading after says whether this execution reached it)."""
         if self.version == 1:
-            oom = _read_kv(self.dirs["memory"] / "memory.oom_control").get("oom_kill", 0)
+            mem = self.dirs["memory"]
+            oom = _read_kv(mem / "memory.oom_control").get("oom_kill", 0)
             pids = _read_kv(self.dirs["pids"] / "pids.events").get("max", 0)
+            hits = 0
+            if self.memory_limit:  # v1's failcnt is not counted where memsw is limited (it is charged first)
+                peak = _read_int(mem / "memory.max_usage_in_bytes")
+                if peak >= self.memory_limit - AT_LIMIT_BYTES:
+                    hits = 1
+                    if start:
+                        with contextlib.suppress(OSError):
+                            (mem / "memory.max_usage_in_bytes").write_text("0")
+                        hits = 0
         else:
-            oom = _read_kv(self.dirs["unified"] / "memory.events").get("oom_kill", 0)
+            events = _read_kv(self.dirs["unified"] / "memory.events")
+            oom, hits = events.get("oom_kill", 0), events.get("max", 0)
             pids = _read_kv(self.dirs["unified"] / "pids.events").get("max", 0)
-        return Counters(oom, pids)
+        return Counters(oom, pids, hits)
+
+    def throttled_periods(self) -> int:
+        """CFS periods in which the group ran out of its own CPU quota (0 without a cpu controller)."""
+        d = self.dirs.get("cpu" if self.version == 1 else "unified")
+        return _read_kv(d / "cpu.stat").get("nr_throttled", 0) if d is not None else 0
+
+    def pids_refused_here(self) -> bool:
+        """Whether a refused fork counted in this group can have been its own limit's doing.
+
+        Not when the group never reached its own ``pids.max`` (``pids.peak``), nor while an ancestor (the
+        node's group, its pod's) is at its own: the kernel counts the refusal here either way. Unknown
+        (no ``pids.peak``): the group's, as before this could be told.
+        """
+        d = self.dirs["pids" if self.version == 1 else "unified"]
+        peak, limit = _read_int(d / "pids.peak", -1), _read_limit(d / "pids.max")
+        if peak >= 0 and limit is not None and peak < limit:
+            return False
+        for parent in d.parents:
+            if not (parent / "pids.max").exists():
+                break
+            cap = _read_limit(parent / "pids.max")
+            if cap is not None and _read_int(parent / "pids.current") >= cap:
+                return False
+        return True
 
     def memory(self) -> tuple[int, int]:
         """Bytes charged now and the limit (0 when unreadable or unlimited)."""

@@ -31,6 +31,7 @@ import select
 import shlex
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from sandboxd.runners.cgroups import CgroupGroup
 from sandboxd.runners.nsrelease import releaser
 from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.jailside import wire
+from sandboxd.runners.starvation import Starvation
 
 log = logging.getLogger(__name__)
 
@@ -518,8 +520,12 @@ async def run_step(
     kill_at: int,
     session: bool,
     grace_s: float,
+    throttled: Callable[[], int] | None = None,
 ) -> tuple[dict[str, Any], Output]:
-    """Feed one request to ``ex``; collect output; enforce the wall clock and the output cap."""
+    """Feed one request to ``ex``; collect output; enforce the wall clock and the output cap.
+
+    ``throttled``: the sandbox group's count of CPU-quota throttles; given, time the program was kept off
+    the CPU by others is given back at the deadline (``starvation.py``)."""
     loop = asyncio.get_running_loop()
     out = Output(cap, kill_at)
     done: asyncio.Future[None] = loop.create_future()
@@ -551,6 +557,7 @@ async def run_step(
     step_exit: dict[str, Any] | None = None
     try:
         await loop.sock_sendall(ex.sock, wire.encode(header, body))
+        starvation = None if throttled is None else Starvation(ex.host_pid, timeout_s, throttled, fresh=not session)
         # One-shot: the program is done when its executor (init of its pid namespace) exits, not when
         # its pipes close: a program that closes stdout and stderr and sleeps is still running.
         waiter: asyncio.Future[Any] = (
@@ -587,6 +594,11 @@ async def run_step(
                         killed_by = killed_by or "protocol"  # garbage on, or a close of, its own channel
                         ex.kill()
                 break  # the executor died (killed at a limit, or its kernel crashed)
+            if starvation is not None and not interrupted:
+                owed = starvation.owed_s()
+                if owed > 0:
+                    deadline = loop.time() + owed
+                    continue
             timed_out = True
             if session and not interrupted:
                 ex.kill(signal.SIGINT)  # like a notebook: interrupt first, state survives
@@ -622,6 +634,8 @@ async def run_step(
                     break
                 out.add(open_fds[fd], chunk)
     result: dict[str, Any] = {"timed_out": timed_out, "killed_by": killed_by}
+    if timed_out and starvation is not None and starvation.starved:
+        result["starved"] = True
     if step_exit is not None and step_exit.get("op") == "stage_error":
         result.update(stage_error=str(step_exit.get("error")), exit_code=None, signal=None, alive=True)
     elif step_exit is not None:

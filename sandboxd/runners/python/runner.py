@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandboxd.errors import BadRequest, SandboxSetupError, SessionLost, UnknownSession
+from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError, SessionLost, UnknownSession
 from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot, Counters
 from sandboxd.runners.nsrelease import releaser
@@ -353,19 +353,27 @@ class PythonRunner:
         return await self._run_in(slot.jail, slot.cgroup, executor, header, body, limits)
 
     async def _feed(
-        self, executor: Executor, header: dict[str, Any], body: bytes, limits: StepLimits, session: bool
+        self,
+        executor: Executor,
+        cg: CgroupGroup,
+        header: dict[str, Any],
+        body: bytes,
+        limits: StepLimits,
+        session: bool,
     ) -> tuple[dict[str, Any], Output]:
         grace = self.cfg.interrupt_grace_s if session else 0.0
-        cap = header["max_output_bytes"]
-        return await run_step(executor, header, body, limits.timeout_s, cap, self.cfg.output_kill_bytes, session, grace)
+        cap, kill_at = header["max_output_bytes"], self.cfg.output_kill_bytes
+        return await run_step(
+            executor, header, body, limits.timeout_s, cap, kill_at, session, grace, cg.throttled_periods
+        )
 
     async def _run_in(
         self, jail: Jail, cg: CgroupGroup, executor: Executor, header: dict[str, Any], body: bytes, limits: StepLimits
     ) -> StepOutcome:
         """One one-shot execution in ``executor``, attributing limit hits through ``cg``'s counters."""
-        before = cg.counters()
+        before = cg.counters(start=True)
         try:
-            result, out = await self._feed(executor, header, body, limits, session=False)
+            result, out = await self._feed(executor, cg, header, body, limits, session=False)
         except (wire.WireError, OSError) as exc:
             await jail.stop()  # a warm slot's next _take_executor restarts it
             raise SandboxSetupError(f"sandbox {jail.name} stopped answering: {exc!r}") from exc
@@ -373,22 +381,49 @@ class PythonRunner:
             executor.close()
         if result.get("lost"):
             raise SandboxSetupError(f"sandbox {jail.name}: its jail ended mid-step")
-        return self._observation(result, out, before, cg.counters())
+        return self._observation(result, out, before, cg.counters(), cg)
 
     def _observation(
-        self, r: dict[str, Any], out: Output, before: Counters, after: Counters, session: bool = False
+        self,
+        r: dict[str, Any],
+        out: Output,
+        before: Counters,
+        after: Counters,
+        cg: CgroupGroup,
+        session: bool = False,
     ) -> StepOutcome:
+        """The step's observation and verdict; ``NodePressure`` when what stopped it was above its own limits."""
         if "stage_error" in r:  # the program never ran: what the client sent could not be written
             raise BadRequest(f"the step's files could not be written in the sandbox: {r['stage_error']}")
         killed_by = r.get("killed_by")
         limits_hit: list[str] = []
+        if r.get("starved"):
+            self.stats["node_pressure"] = self.stats.get("node_pressure", 0) + 1
+            raise NodePressure(
+                "the program was kept off the CPU by other sandboxes for longer than its own time limit; "
+                "it did not run out of time itself"
+            )
         if after.oom_kills > before.oom_kills:
-            limits_hit.append("memory")
-            if killed_by is None and r.get("signal") == 9:
-                killed_by = "memory"
+            if after.memory_limit_hits > before.memory_limit_hits:
+                limits_hit.append("memory")
+                if killed_by is None and r.get("signal") == 9:
+                    killed_by = "memory"
+            elif killed_by is None and r.get("signal") == 9:
+                self.stats["node_pressure"] = self.stats.get("node_pressure", 0) + 1
+                raise NodePressure(
+                    "the program was killed for memory under its own limit: the node (or its pod) ran out of "
+                    "memory for all its sandboxes"
+                )
         if after.pids_max_hits > before.pids_max_hits:
-            limits_hit.append("pids")
-            self.stats["limit_pids"] += 1
+            if cg.pids_refused_here():
+                limits_hit.append("pids")
+                self.stats["limit_pids"] += 1
+            elif r.get("exit_code") != 0:
+                self.stats["node_pressure"] = self.stats.get("node_pressure", 0) + 1
+                raise NodePressure(
+                    "the program could not start a process or thread under its own pids limit: the node (or "
+                    "its pod) is at its process limit"
+                )
         if killed_by == "time":
             limits_hit.append("time")
         if killed_by == "output":
@@ -477,9 +512,9 @@ class PythonRunner:
             header["tag"] = secrets.randbits(62)
             if limits.memory_mb:
                 sess.cgroup.set_limits(limits.memory_mb << 20, self.cfg.pids_max)
-            before = sess.cgroup.counters()
+            before = sess.cgroup.counters(start=True)
             try:
-                result, out = await self._feed(sess.executor, header, body, limits, session=True)
+                result, out = await self._feed(sess.executor, sess.cgroup, header, body, limits, session=True)
             except (wire.WireError, OSError) as exc:
                 await self._drop_session(sess)
                 raise SessionLost(f"session {session_id}: its sandbox stopped answering ({exc!r})") from exc
@@ -487,7 +522,13 @@ class PythonRunner:
             if result.get("lost"):
                 await self._drop_session(sess)
                 raise SessionLost(f"session {session_id}: its jail ended mid-step")
-            outcome = self._observation(result, out, before, sess.cgroup.counters(), session=True)
+            try:
+                outcome = self._observation(result, out, before, sess.cgroup.counters(), sess.cgroup, session=True)
+            except NodePressure as exc:
+                if result.get("alive") is False:
+                    await self._drop_session(sess)
+                    raise SessionLost(f"session {session_id}: {exc}") from None
+                raise
             if not outcome.session_alive:
                 await self._drop_session(sess)
             return outcome

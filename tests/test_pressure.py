@@ -1,0 +1,200 @@
+"""Neighbour pressure is never blamed on the victim: a node inside a pod's memory and pids limits (a cgroup
+this module makes), tenant A pressing on them, tenant B's program inside its own limits.
+
+The kernel counts a kill or a refused fork in the victim's own cgroup whichever ancestor's limit was
+reached; before the runner checked which limit it was, B's 300 MB program (own cap 512 MB) came back
+``program_killed`` "killed at its memory limit" and B's four threads ``program_exit`` with
+``limits_hit: ['pids']``. Now: the program's own result, or ``node_pressure`` (infra, retryable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sandboxd.runners.cgroups import CgroupGroup, detect_version
+from tests.conftest import running_node_in
+
+pytestmark = pytest.mark.nsjail
+
+KEY_A, KEY_B = "pressure-tenant-a", "pressure-tenant-b"
+MIB = 1 << 20
+
+
+def _own(controller: str) -> Path:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        if controller in ctrls.split(","):
+            return Path("/sys/fs/cgroup") / controller / path.lstrip("/")
+    raise RuntimeError(f"no {controller} cgroup")
+
+
+@pytest.fixture(scope="module")
+def pod() -> Iterator[CgroupGroup]:
+    """A pod-like group: memory and pids limits set by each test, the node inside it."""
+    if detect_version() != 1:
+        pytest.skip("this machine's layout: cgroup v1 (the v2 counters are the same rule, one file each)")
+    name = f"pod-{os.getpid()}"
+    group = CgroupGroup({c: _own(c) / name for c in ("memory", "pids")}, 1)
+    for d in group.dirs.values():
+        d.mkdir(exist_ok=True)
+    try:
+        yield group
+    finally:
+        group.remove()
+
+
+@pytest.fixture(scope="module")
+def node(pod: CgroupGroup) -> Iterator[str]:
+    procs = tuple(str(d / "cgroup.procs") for d in pod.dirs.values())
+    with running_node_in(
+        procs,
+        runners='["python"]',
+        workers=1,
+        api_keys=json.dumps([KEY_A, KEY_B]),
+        python__slots_per_worker=2,
+        python__session_jails_per_worker=1,
+    ) as base:
+        yield base
+
+
+@contextlib.asynccontextmanager
+async def tenant(node: str, key: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=node, timeout=60, headers={"authorization": f"Bearer {key}"}) as c:
+        yield c
+
+
+async def step(c: httpx.AsyncClient, code: str, session_id: str | None = None, **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"runner": "python", "action": {"code": code}, **fields}
+    if session_id:
+        body["session_id"] = session_id
+    r = await c.post("/rollout/step", json=body)
+    data: dict[str, Any] = r.json()
+    data["http_status"] = r.status_code
+    return data
+
+
+def blame(result: dict[str, Any]) -> str | None:
+    err = result.get("error") or {}
+    return err.get("blame")
+
+
+def set_pod(pod: CgroupGroup, memory: int | None = None, pids: int | None = None) -> None:
+    if memory is not None:
+        (pod.dirs["memory"] / "memory.limit_in_bytes").write_text(str(memory))
+    if pids is not None:
+        (pod.dirs["pids"] / "pids.max").write_text("max" if pids < 0 else str(pids))
+
+
+def pod_usage(pod: CgroupGroup) -> tuple[int, int]:
+    mem = int((pod.dirs["memory"] / "memory.usage_in_bytes").read_text())
+    pids = int((pod.dirs["pids"] / "pids.current").read_text())
+    return mem, pids
+
+
+async def open_sessions(a: httpx.AsyncClient, n: int) -> list[str]:
+    out = []
+    for _ in range(n):
+        r = await a.post("/sessions", json={"runner": "python"})
+        assert r.status_code == 201, r.text
+        out.append(r.json()["session_id"])
+    return out
+
+
+async def close_sessions(a: httpx.AsyncClient, ids: list[str]) -> None:
+    for sid in ids:
+        await a.delete(f"/sessions/{sid}")
+
+
+async def test_a_neighbours_memory_never_gets_the_victim_blamed(node: str, pod: CgroupGroup) -> None:
+    async with tenant(node, KEY_A) as a, tenant(node, KEY_B) as b:
+        assert (await step(b, "print(1)"))["ok"]
+        base, _ = pod_usage(pod)
+        set_pod(pod, memory=base + 600 * MIB)
+        held = await open_sessions(a, 3)
+        try:
+            for sid in held:  # A: 3 x 150 MB, inside its own 512 MB each
+                r = await step(a, "x = bytearray(150 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1", sid)
+                assert r["ok"], r
+            blames = []
+            for _ in range(3):  # B: 300 MB, inside its own 512 MB: the pod cannot hold it beside A's
+                r = await step(b, "x = bytearray(300 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\nprint('ok')")
+                blames.append((r["http_status"], blame(r), (r.get("error") or {}).get("code")))
+                assert blame(r) != "program", r
+                if not r["ok"]:
+                    assert r["http_status"] == 503 and r["error"]["code"] == "node_pressure", r
+            for sid in held:  # A's sessions: alive, or lost to the pressure (infra), never A's fault
+                r = await step(a, "print(len(x))", sid)
+                assert blame(r) != "program", r
+        finally:
+            set_pod(pod, memory=-1)
+            await close_sessions(a, held)
+        # B's own limit is still B's: the same rule, the other way.
+        r = await step(b, "x = bytearray(600 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1")
+        assert r["ok"] is False and blame(r) == "program", r
+        assert r["error"]["code"] == "program_killed" and "memory" in r["observation"]["limits_hit"], r
+
+
+async def test_a_neighbours_processes_never_get_the_victim_blamed(node: str, pod: CgroupGroup) -> None:
+    threads = (
+        "import threading, time\n"
+        "ts = [threading.Thread(target=time.sleep, args=(0.3,)) for _ in range(4)]\n"
+        "for t in ts: t.start()\n"
+        "for t in ts: t.join()\n"
+        "print('four threads')"
+    )
+    async with tenant(node, KEY_A) as a, tenant(node, KEY_B) as b:
+        assert (await step(b, threads))["ok"]
+        _, base = pod_usage(pod)
+        held = await open_sessions(a, 2)
+        try:
+            set_pod(pod, pids=base + 2 + 40)  # the two sessions' executors, and 40 threads more
+            for sid in held:  # A: sleeping threads until the pod is full
+                r = await step(a, "import threading, time\nfor _ in range(30):\n"
+                                  "    try: threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+                                  "    except RuntimeError: break", sid)  # fmt: skip
+                assert r["http_status"] == 200, r
+            _, now = pod_usage(pod)
+            assert now >= base + 40, (base, now)
+            r = await step(b, threads)  # 5 of its own 64 pids
+            assert blame(r) != "program", r
+            assert r["ok"] or r["error"]["code"] == "node_pressure", r
+        finally:
+            set_pod(pod, pids=-1)
+            await close_sessions(a, held)
+        r = await step(b, "import os\nwhile True: os.fork()", timeout_s=2)  # its own limit: its own failure
+        assert blame(r) == "program" and "pids" in r["observation"]["limits_hit"], r
+
+
+async def test_a_neighbours_cpu_storm_is_not_the_victims_timeout(node: str, pod: CgroupGroup) -> None:
+    """B's session step needs ~0.6 s of CPU within a 2 s limit; A's spinning sessions (its siblings under the
+    CPU scheduler) leave it a fraction of a core. Time B waited on the run queue is given back (up to its
+    limit again): its result, or node_pressure when even that was not enough; never program_timeout."""
+    spin = "import threading\ndef spin():\n    while True: pass\nthreading.Thread(target=spin, daemon=True).start()"
+    work = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\nprint('done')"
+    async with tenant(node, KEY_A) as a, tenant(node, KEY_B) as b:
+        held = await open_sessions(a, 10)
+        mine = (await open_sessions(b, 1))[0]
+        try:
+            for sid in held:
+                assert (await step(a, spin, sid))["ok"]
+            t0 = time.monotonic()
+            r = await step(b, work, mine, timeout_s=2)
+            took = time.monotonic() - t0
+            assert blame(r) != "program", (r, took)
+            assert r["ok"] or r["error"]["code"] == "node_pressure", r
+        finally:
+            await asyncio.gather(*(a.delete(f"/sessions/{sid}") for sid in held))
+        # Its own time is still its own: a program that spins past its limit alone is timed out.
+        r = await step(b, "while True: pass", mine, timeout_s=0.5)
+        assert r["error"]["code"] == "program_timeout" and blame(r) == "program", r
+        await b.delete(f"/sessions/{mine}")
