@@ -65,6 +65,27 @@ def test_official_client_runs_python(node: str) -> None:
     assert failed.status == RunStatus.Failed and failed.run_result.return_code == 3
 
 
+def test_programs_run_as_sandboxfusion_runs_them(node: str) -> None:
+    """SandboxFusion runs ``python <tmpfile>.py`` in the directory of the request's files: its datasets'
+    harnesses import files sent beside the code (LiveCodeBench's ``testing_util``), copy ``__file__``
+    (aider's benchmark) and call ``exit()`` (MHPP)."""
+    from sandbox_fusion import RunCodeRequest, RunStatus, run_code
+
+    util = base64.b64encode(b"def run_test(x):\n    return x * 2\n").decode()
+    code = (
+        "import os, shutil\n"
+        "from testing_util import run_test\n"
+        "shutil.copy(__file__, 'accumulate.py')\n"
+        "print(run_test(21), os.path.dirname(__file__) == os.getcwd(), os.path.exists('accumulate.py'))\n"
+        "exit()"
+    )
+    req = RunCodeRequest(code=code, language="python", files={"testing_util.py": util}, fetch_files=["accumulate.py"])
+    res = run_code(req, endpoint=node, max_attempts=1)
+    assert res.status == RunStatus.Success, res
+    assert res.run_result is not None and res.run_result.stdout == "42 True True\n"
+    assert base64.b64decode(res.files["accumulate.py"]).decode() == code
+
+
 async def test_official_async_client_with_files_and_fetch(node: str) -> None:
     from sandbox_fusion import RunCodeRequest, RunStatus, run_code_async
 

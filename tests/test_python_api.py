@@ -54,6 +54,40 @@ async def test_program_output_and_exit_codes(http: httpx.AsyncClient) -> None:
     assert 'File "<program>", line 1' in r["observation"]["stderr"]
 
 
+async def test_programs_start_as_under_cpython(http: httpx.AsyncClient) -> None:
+    """What SandboxFusion's and verl's programs rely on: the step's files import as modules, ``exit()`` and
+    ``quit()`` exist, a script knows its ``__file__``; and nothing of the harness is importable."""
+    helper = {"helper.py": "def f():\n    return 42\n"}
+    r = await step(http, "import helper, sys\nprint(helper.f(), sys.argv, sys.path[0] == '')", files=helper)
+    assert r["ok"] and r["observation"]["stdout"] == "42 ['-c'] True\n", r
+    r = await step(http, "print(1); exit()")
+    assert r["ok"] and r["observation"]["stdout"] == "1\n", r
+    r = await step(http, "print(2); quit(4)")
+    assert r["observation"]["exit_code"] == 4 and r["observation"]["stdout"] == "2\n", r
+    r = await step(http, "print(callable(help), 'Python' in str(copyright))")
+    assert r["observation"]["stdout"] == "True True\n", r
+    r = await step(http, "print(__file__)")
+    assert r["observation"]["exit_code"] == 1 and "NameError" in r["observation"]["stderr"], r  # as python -c
+    for name in ("wire", "seccomp", "zygote"):
+        r = await step(http, f"import {name}")
+        assert "ModuleNotFoundError" in r["observation"]["stderr"], (name, r)
+
+    code = (
+        "import os, shutil, sys, helper\n"
+        "shutil.copy(__file__, 'copy.py')\n"
+        "print(os.path.basename(__file__), sys.argv[0] == __file__, sys.path[0], open('copy.py').read()[:10])\n"
+        "assert False"
+    )
+    action = {"code": code, "files": helper, "script": "main_1.py"}
+    r = (await http.post("/rollout/step", json={"runner": "python", "action": action})).json()
+    assert r["observation"]["stdout"] == "main_1.py True /tmp import os,\n", r
+    assert 'File "/tmp/main_1.py", line 4' in r["observation"]["stderr"], r
+    for bad in ("../x.py", "a/b.py", "x.txt", "helper.py"):
+        action = {"code": "pass", "files": helper, "script": bad}
+        r2 = await http.post("/rollout/step", json={"runner": "python", "action": action})
+        assert r2.status_code == 422 and "script" in r2.text, (bad, r2.text)
+
+
 async def test_stdin_files_and_main_module(http: httpx.AsyncClient) -> None:
     code = "import sys\nif __name__ == '__main__':\n    print(sys.stdin.read()[::-1], open('d/in.txt').read())"
     r = await step(http, code, stdin="abc", files={"d/in.txt": "file!"})

@@ -84,6 +84,16 @@ def _sandbox_error(message: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+def script_name(files: dict[str, str | None]) -> str:
+    """The file the code runs as, named as SandboxFusion's ``NamedTemporaryFile`` names it (``tmp<8>.py``):
+    programs that use ``__file__`` (copy themselves, find data beside them) find a file there."""
+    taken = set(files)
+    while True:
+        name = "tmp" + "".join(random.choices("abcdefghijklmnopqrstuvwxyz0123456789_", k=8)) + ".py"
+        if name not in taken:
+            return name
+
+
 def run_status(results: list[dict[str, Any] | None]) -> str:
     """SandboxFusion's own rule, in its order."""
     done = [r for r in results if r is not None]
@@ -197,6 +207,7 @@ class FusionRunner:
             "stdin": req.stdin or "",
             "files": {p: c or "" for p, c in req.files.items()},
             "file_encoding": "base64",
+            "script": script_name(req.files),
         }
         if req.fetch_files:
             action["fetch_files"] = req.fetch_files

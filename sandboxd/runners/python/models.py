@@ -30,6 +30,13 @@ class PythonAction(BaseModel):
     file_encoding: Literal["utf-8", "base64"] = Field(
         "utf-8", description="How `files` contents are written: UTF-8 text, or base64 of the bytes (binary files)."
     )
+    script: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.py$",
+        description="One-shot steps: run the code as this file of the working directory, as `python <script>` "
+        "would (it is written there; `__file__`, `sys.argv[0]` and `sys.path[0]` name it). Without it the code "
+        "runs as `python -c` would (`sys.path[0]` is the working directory, no `__file__`).",
+    )
     fetch_files: list[str] = Field(
         default_factory=list,
         max_length=MAX_FILES,
@@ -82,6 +89,12 @@ class PythonAction(BaseModel):
                 if parent in seen:
                     raise ValueError(f"files: {seen[parent]!r} is a file, so {path!r} cannot be made inside it")
                 parent = posixpath.dirname(parent)
+        return self
+
+    @model_validator(mode="after")
+    def _script_is_not_a_file(self) -> PythonAction:
+        if self.script is not None and self.script in {posixpath.normpath(p) for p in self.files}:
+            raise ValueError(f"script: {self.script!r} is also one of the step's files")
         return self
 
     @model_validator(mode="after")

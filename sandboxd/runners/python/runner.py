@@ -275,6 +275,8 @@ class PythonRunner:
             "files": [[path, len(data)] for path, data in files],
             "stdin_len": len(stdin),
         }
+        if action.script is not None:
+            header["script"] = action.script
         if action.fetch_files:
             header["fetch"] = action.fetch_files
             header["fetch_max_bytes"] = self.cfg.max_fetch_bytes
@@ -287,6 +289,8 @@ class PythonRunner:
                 raise BadRequest(
                     "fetch_files is for one-shot steps (a session's later cells can read its files themselves)"
                 )
+            if action.script is not None:
+                raise BadRequest("script is for one-shot steps (a session's cells run as a notebook's do)")
             return await self._session_step(session_id, header, body, limits)
         if not self.cfg.warm_pool:
             async with self._cold:

@@ -53,6 +53,10 @@ else:
     import seccomp
     import wire
 
+# The program's import path: the interpreter's own, without this harness's directory (``import wire`` is
+# the program's business), headed by its script's directory or, as under ``python -c``, the working one.
+_PROGRAM_PATH = [p for p in sys.path if p != os.path.dirname(os.path.abspath(__file__))]
+
 # What the harness calls once a program has run, bound here, before any program exists. A program shares
 # this interpreter (one-shots until they exit, session cells for the session's life) and can rebind any
 # module attribute or builtin it sees: ``os._exit = None``, ``builtins.exec = ...``, ``sys.stdout = None``,
@@ -200,6 +204,13 @@ def _clone_namespaced(session: bool) -> int:
 def zygote_main(mode: str, tmpfs_bytes: int) -> None:
     for name in PRELOAD:
         __import__(name)
+    # ``python -S`` (no site-packages on the jail's path) also skips the builtins ``site`` adds; programs
+    # call ``exit()`` and ``quit()`` as under any interpreter started without -S.
+    import site
+
+    site.setquit()
+    site.setcopyright()
+    site.sethelper()
     # The zygote holds the jail's capabilities (nsjail keep_caps) so that each
     # executor can make its mount and pid namespaces without a user namespace
     # of its own (uid maps cost ~0.7 ms per execution). Private propagation
@@ -386,10 +397,11 @@ def executor_main(
     _limits(req, session=False)
     _stdin(stdin)
     fetch = req.get("fetch")
+    script = WORKDIR + "/" + str(req["script"]) if req.get("script") else None
     if fetch:
-        return _run_and_fetch(sock, code, list(fetch), int(req["fetch_max_bytes"]))
+        return _run_and_fetch(sock, code, script, list(fetch), int(req["fetch_max_bytes"]))
     sock.close()  # the program gets no channel to the worker
-    return _run_oneshot(code)
+    return _run_oneshot(code, script)
 
 
 def _send(sock: socket.socket, header: dict[str, Any] | bytes, body: bytes = b"") -> None:
@@ -436,7 +448,15 @@ def _stage(req: dict[str, Any], body: bytes) -> tuple[bytes, bytes]:
         pos += size
     stdin_len = int(req.get("stdin_len", 0))
     stdin = bytes(view[pos : pos + stdin_len])
-    return bytes(view[pos + stdin_len :]), stdin
+    code = bytes(view[pos + stdin_len :])
+    script = req.get("script")
+    if script:
+        path = _normpath(WORKDIR + "/" + str(script))
+        if _dirname(path) != WORKDIR:
+            raise ValueError(f"script is not a file of the workdir: {script!r}")
+        with open(path, "wb") as f:
+            f.write(code)
+    return code, stdin
 
 
 def _limits(req: dict[str, Any], session: bool) -> None:
@@ -469,7 +489,8 @@ def _reseed() -> None:
     random.seed()  # the zygote's state is shared by every child: start each afresh
 
 
-def _fresh_main() -> dict[str, Any]:
+def _fresh_main(script: str | None = None) -> dict[str, Any]:
+    """``__main__`` as CPython makes it for ``python -c`` (no script) or ``python <script>``."""
     import types
 
     for name in [m for m in sys.modules if m in ("seccomp", "wire", "__mp_main__")]:
@@ -477,7 +498,13 @@ def _fresh_main() -> dict[str, Any]:
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins  # the real module: the program's own, to change as it likes
     sys.modules["__main__"] = main
-    sys.argv = ["<program>"]
+    if script:
+        main.__dict__.update(__file__=script, __cached__=None)
+        sys.argv = [script]
+        sys.path[:] = [_dirname(script), *_PROGRAM_PATH]
+    else:
+        sys.argv = ["-c"]
+        sys.path[:] = ["", *_PROGRAM_PATH]
     return main.__dict__
 
 
@@ -561,13 +588,13 @@ def _end_program(rc: int) -> int:
     return rc
 
 
-def _run_oneshot(code: bytes) -> int:
-    namespace = _fresh_main()
+def _run_oneshot(code: bytes, script: str | None) -> int:
+    namespace = _fresh_main(script)
     _stdio()
-    return _end_program(_exec_code(code, namespace))
+    return _end_program(_exec_code(code, namespace, script or "<program>"))
 
 
-def _run_and_fetch(sock: socket.socket, code: bytes, paths: list[str], cap: int) -> int:
+def _run_and_fetch(sock: socket.socket, code: bytes, script: str | None, paths: list[str], cap: int) -> int:
     """A one-shot whose files are returned after it ends, as SandboxFusion's ``fetch_files``.
 
     The program runs in a child, exactly as any one-shot (its threads joined, its exit handlers run, its
@@ -582,7 +609,7 @@ def _run_and_fetch(sock: socket.socket, code: bytes, paths: list[str], cap: int)
         rc = 70
         try:
             sock.close()
-            rc = _run_oneshot(code)
+            rc = _run_oneshot(code, script)
         finally:
             _exit(rc)
     _signal(signal.SIGINT, signal.SIG_IGN)
