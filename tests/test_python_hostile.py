@@ -203,38 +203,6 @@ async def test_background_processes_are_reaped(http: httpx.AsyncClient) -> None:
         await http.delete(f"/sessions/{sid}")
 
 
-def mount_namespaces_held_by_descriptors() -> set[str]:
-    """Mount namespaces some process keeps alive by a descriptor (the worker holds each executor's)."""
-    held = set()
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                for fd in (p / "fd").iterdir():
-                    link = os.readlink(fd)
-                    if link.startswith("mnt:["):
-                        held.add(link)
-            except OSError:
-                pass
-    return held
-
-
-async def test_executions_leave_no_mount_namespace_behind(http: httpx.AsyncClient) -> None:
-    """The worker holds each executor's mount namespace (its teardown is released off the request path):
-    every one is let go, including those of programs killed at a limit, and with them their workdirs."""
-    await run(http, "pass")
-    before = mount_namespaces_held_by_descriptors()
-    big = "open('blob', 'wb').write(b'x' * (8 << 20))\n"
-    for code in ["print(1)", big, big + "import os; os._exit(3)", "while True: pass"] * 4:
-        await run(http, code, timeout_s=0.3)
-    for _ in range(40):
-        grown = mount_namespaces_held_by_descriptors() - before
-        if len(grown) <= 3:  # the slots' next executors, prepared since
-            break
-        await asyncio.sleep(0.05)
-    assert len(grown) <= 3, grown
-    await still_healthy(http)
-
-
 async def test_session_killed_by_memory_ends_only_that_session(http: httpx.AsyncClient) -> None:
     bomb = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
     calm = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]

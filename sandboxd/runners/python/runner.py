@@ -21,7 +21,6 @@ from typing import Any
 from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError, SessionLost, UnknownSession
 from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot, Counters
-from sandboxd.runners.nsrelease import releaser
 from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.jail import Executor, Jail, Output, run_step
 from sandboxd.runners.python.jailside import wire
@@ -143,7 +142,6 @@ class PythonRunner:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        releaser.start()
         self.root = CgroupRoot(self.name, Path(self.cfg.cgroup_mount), self.cfg.cgroup_version or None)
         mem = self.cfg.memory_mb << 20
         jobs = []
