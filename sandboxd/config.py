@@ -198,6 +198,12 @@ class NodeSettings(BaseSettings):
     tenant_max_inflight: int = Field(
         1024, ge=1, description="Steps one tenant may have running or queued on this node; more is a 429."
     )
+    tenant_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="Fair-share weight per API key (JSON, key -> weight > 0; others 1): when tenants compete for "
+        "a kind's slots each gets slots in proportion, queued steps of the tenant furthest below its share go "
+        "first, and a full queue refuses the tenant furthest above it.",
+    )
     log_level: str = Field("info", description="Log level of every process of the node.")
     redis_url: str = Field(
         "",
@@ -239,6 +245,14 @@ class NodeSettings(BaseSettings):
     def _node_id(cls, value: str) -> str:
         if not NODE_ID.match(value):
             raise ValueError(f"node_id must match {NODE_ID.pattern} (it is part of every session id)")
+        return value
+
+    @field_validator("tenant_weights")
+    @classmethod
+    def _weights(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = [w for w in value.values() if not w > 0]
+        if bad:
+            raise ValueError(f"tenant_weights: every weight must be > 0 (got {bad[0]})")
         return value
 
     @model_validator(mode="after")

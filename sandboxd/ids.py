@@ -9,6 +9,7 @@ routes steps to the owner node with ``owner_of``, so this module imports nothing
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 
 from sandboxd.constants import SESSION_ID_BYTES
@@ -35,3 +36,8 @@ def worker_of(session_id: str) -> tuple[int, str] | None:
     if not head.startswith("s_") or not (index.isascii() and index.isdigit()) or len(index) > 4:
         return None
     return int(index), parts[2]
+
+
+def tenant_of_key(key: str) -> str:
+    """The name of an API key's tenant in records, logs and metrics (a short hash: the key is never stored)."""
+    return "t_" + hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -198,3 +198,19 @@ async def test_a_neighbours_cpu_storm_is_not_the_victims_timeout(node: str, pod:
         r = await step(b, "while True: pass", mine, timeout_s=0.5)
         assert r["error"]["code"] == "program_timeout" and blame(r) == "program", r
         await b.delete(f"/sessions/{mine}")
+
+
+async def test_a_neighbours_sleeping_programs_do_not_lock_the_kind_away(node: str) -> None:
+    """A holds both python slots with sleeping programs and queues two more; B's one-shot does not wait
+    behind them (it took 8 s, or 504 at the queue's deadline, when the queue was one line): B is below its
+    share, so it takes one of the burst slots at once."""
+    async with tenant(node, KEY_A) as a, tenant(node, KEY_B) as b:
+        sleepers = [asyncio.ensure_future(step(a, "import time; time.sleep(4)", timeout_s=10)) for _ in range(4)]
+        await asyncio.sleep(0.5)  # two running, two queued
+        t0 = time.monotonic()
+        r = await step(b, "print('served')")
+        took = time.monotonic() - t0
+        assert r["ok"] and r["observation"]["stdout"] == "served\n", r
+        assert took < 3.0, f"B waited {took:.1f}s behind A's sleepers"
+        done = await asyncio.gather(*sleepers)
+        assert all(x["ok"] for x in done), done  # A loses nothing: its steps ran in turn

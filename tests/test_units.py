@@ -281,6 +281,60 @@ async def test_a_workers_queue_goes_lowest_priority_first_fifo_without_one_and_r
     board.close()
 
 
+async def test_a_workers_slots_are_shared_fairly_between_tenants(tmp_path: Path) -> None:
+    """A holds the one slot and fills the queue; B (below its share) takes the burst slot at once, and a
+    second B step takes the place of A's newest waiter (429 for A, not B); freed slots go to the tenant
+    furthest below its share; a tenant alone never takes a burst slot."""
+    import time
+
+    adm = Admission(0, {"k": 1}, {"k": 3}, None, burst={"k": 1})
+    far = time.monotonic() + 5
+    order: list[str] = []
+    gates = {name: asyncio.Event() for name in ("a0", "b0", "a1", "b1", "a2", "a3")}
+
+    async def run(name: str) -> None:
+        async with adm.slot("k", far, tenant=name[0]):
+            order.append(name)
+            await gates[name].wait()
+
+    a0 = asyncio.ensure_future(run("a0"))
+    await asyncio.sleep(0)
+    queued_a = [asyncio.ensure_future(run(n)) for n in ("a1", "a2", "a3")]
+    await asyncio.sleep(0)
+    assert order == ["a0"] and adm.queue_depth("k") == 3
+    b0 = asyncio.ensure_future(run("b0"))
+    await asyncio.sleep(0)
+    assert order == ["a0", "b0"]  # the burst slot, at once: B runs nothing and A runs everything
+    b1 = asyncio.ensure_future(run("b1"))
+    await asyncio.sleep(0.01)
+    assert queued_a[2].done() and isinstance(queued_a[2].exception(), errors.Saturated)  # A's newest gave way
+    assert adm.queue_depth("k") == 3
+    gates["a0"].set()
+    await asyncio.sleep(0.01)
+    assert order == ["a0", "b0", "a1"]  # A runs nothing now, B one: A's turn
+    gates["b0"].set()
+    await asyncio.sleep(0.01)
+    assert order == ["a0", "b0", "a1", "b1"]  # the burst slot again, to B (below its share)
+    for name in ("a1", "b1", "a2"):
+        gates[name].set()
+    await asyncio.gather(a0, b0, b1, queued_a[0], queued_a[1])
+    assert order == ["a0", "b0", "a1", "b1", "a2"]
+
+    alone = Admission(0, {"k": 1}, {"k": 3}, None, burst={"k": 1})
+    hold = asyncio.Event()
+
+    async def held(name: str) -> None:
+        async with alone.slot("k", far, tenant="a"):
+            order.append(name)
+            await hold.wait()
+
+    first, second = asyncio.ensure_future(held("x0")), asyncio.ensure_future(held("x1"))
+    await asyncio.sleep(0.01)
+    assert order[-1] == "x0" and alone.queue_depth("k") == 1  # alone: its share is every slot, no burst
+    hold.set()
+    await asyncio.gather(first, second)
+
+
 def test_the_board_sends_a_burst_everywhere_even_before_the_workers_say_so(tmp_path: Path) -> None:
     board = Board(tmp_path / "board", 3, ["k"], create=True)
     for w in range(3):

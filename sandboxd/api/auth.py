@@ -18,12 +18,9 @@ from starlette.requests import HTTPConnection
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.config import NodeSettings
 from sandboxd.errors import Unauthorized
+from sandboxd.ids import tenant_of_key
 
 ANONYMOUS = "anonymous"
-
-
-def tenant_of_key(key: str) -> str:
-    return "t_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def _key(header: str) -> str:

@@ -1,12 +1,20 @@
-"""A worker's own slots: one-shot steps take one, or wait in a bounded queue, or are refused.
+"""A worker's own slots: one-shot steps take one, or wait in a bounded queue, or are refused, fairly.
 
 Each worker admits its own one-shot steps: the front processes choose a worker from the load board
 (``sandboxd/board.py``) and the worker decides. A step takes one of its kind's slots (the runner's warm
-sandboxes) or waits in a queue served lowest priority value first: its arrival (FIFO), or its rollout's
-start with ``scheduling=oldest_rollout`` (``rollouts.py``). A full queue is 429 at once with a
-Retry-After from the recent step time, instead of a client timing out on its read; a step still waiting
-at its deadline is 504. Both are the infrastructure's, never the program's. Every change is written to
-the board so that the fronts see it.
+sandboxes) or waits in a queue. A full queue is 429 at once with a Retry-After from the recent step time,
+instead of a client timing out on its read; a step still waiting at its deadline is 504. Both are the
+infrastructure's, never the program's. Every change is written to the board so that the fronts see it.
+
+Fair share between tenants (API keys): a tenant's share of a kind is the slots times its weight over the
+weights of the tenants with steps running or queued there (a tenant alone has them all).
+- A freed slot goes to a waiter of the tenant furthest below its share (running / weight), then by
+  priority: its arrival (FIFO), or its rollout's start with ``scheduling=oldest_rollout``.
+- A full queue refuses the tenant furthest above its share: an arrival below the tenant holding the most
+  (running + queued, per weight) takes the place of that tenant's newest waiter, which gets the 429.
+- Slots are a CPU notion; programs that sleep hold them without using the CPU. A kind's runner may keep
+  a few *burst* slots (``burst_capacity``): a step of a tenant below its share, finding no free slot,
+  takes one at once instead of queueing behind the others' sleepers.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import heapq
 import itertools
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -25,20 +34,45 @@ from sandboxd.errors import DeadlineExceeded, Saturated, ShuttingDown
 
 
 @dataclass
+class _Waiter:
+    priority: float
+    seq: int
+    tenant: str
+    fut: asyncio.Future[bool]  # its result: whether the slot granted is a burst slot
+
+    def __lt__(self, other: _Waiter) -> bool:
+        return (self.priority, self.seq) < (other.priority, other.seq)
+
+
+@dataclass
 class _Kind:
     capacity: int
     queue_max: int
+    burst: int = 0
     free: int = 0
-    waiters: list[tuple[float, int, asyncio.Future[None]]] = field(default_factory=list)  # a heap
+    burst_used: int = 0
+    waiters: dict[str, list[_Waiter]] = field(default_factory=dict)  # a heap per tenant
+    queued: int = 0
+    running: Counter[str] = field(default_factory=Counter)
     inflight: int = 0
     ewma_step_s: float = 0.05
 
 
 class Admission:
-    def __init__(self, worker: int, capacity: dict[str, int], queue_max: dict[str, int], board: Board | None) -> None:
+    def __init__(
+        self,
+        worker: int,
+        capacity: dict[str, int],
+        queue_max: dict[str, int],
+        board: Board | None,
+        burst: dict[str, int] | None = None,
+        weights: dict[str, float] | None = None,
+    ) -> None:
         self.worker = worker
         self.board = board
-        self.kinds = {k: _Kind(cap, queue_max.get(k, 0), free=cap) for k, cap in capacity.items()}
+        burst = burst or {}
+        self.kinds = {k: _Kind(cap, queue_max.get(k, 0), burst.get(k, 0), free=cap) for k, cap in capacity.items()}
+        self.weights = weights or {}
         self.closed = False
         self._seq = itertools.count()
         for kind in self.kinds:
@@ -47,7 +81,7 @@ class Admission:
     def _publish(self, kind: str) -> None:
         if self.board is not None:
             k = self.kinds[kind]
-            self.board.set(self.worker, kind, k.free, len(k.waiters))
+            self.board.set(self.worker, kind, k.free, k.queued)
 
     def set_queue_max(self, shares: dict[str, int]) -> None:
         for kind, n in shares.items():
@@ -56,52 +90,47 @@ class Admission:
 
     def queue_depth(self, kind: str) -> int:
         k = self.kinds.get(kind)
-        return len(k.waiters) if k else 0
+        return k.queued if k else 0
 
     def inflight(self, kind: str) -> int:
         k = self.kinds.get(kind)
         return k.inflight if k else 0
 
     def _retry_after_s(self, k: _Kind) -> float:
-        return max(1.0, math.ceil(len(k.waiters) * k.ewma_step_s / max(k.capacity, 1)))
+        return max(1.0, math.ceil(k.queued * k.ewma_step_s / max(k.capacity, 1)))
+
+    def _weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, 1.0)
+
+    def _below_share(self, k: _Kind, tenant: str) -> bool:
+        """Whether ``tenant`` runs fewer of the kind's slots than its weighted share among the active."""
+        active = {t for t, n in k.running.items() if n > 0} | {t for t, q in k.waiters.items() if q} | {tenant}
+        share = k.capacity * self._weight(tenant) / sum(self._weight(t) for t in active)
+        return k.running[tenant] < share
+
+    def _load(self, k: _Kind, tenant: str) -> float:
+        return (k.running[tenant] + len(k.waiters.get(tenant, ()))) / self._weight(tenant)
 
     @contextlib.asynccontextmanager
-    async def slot(self, kind: str, deadline: float, priority: float | None = None) -> AsyncIterator[None]:
-        """Hold one slot of ``kind`` for the block; a lower ``priority`` is served first when steps queue."""
+    async def slot(
+        self, kind: str, deadline: float, priority: float | None = None, tenant: str = ""
+    ) -> AsyncIterator[None]:
+        """Hold one slot of ``kind`` for the block; see the module's docstring for who gets what."""
         if self.closed:
             raise ShuttingDown("this node is shutting down")
         k = self.kinds.get(kind)
         if k is None:
             raise Saturated(f"worker {self.worker} does not serve runner {kind!r}", retry_after_s=1.0)
-        if k.free > 0 and not k.waiters:
+        if k.free > 0 and not k.queued:
             k.free -= 1
+            burst = False
+            k.running[tenant] += 1
+        elif k.burst_used < k.burst and self._below_share(k, tenant):
+            k.burst_used += 1
+            burst = True
+            k.running[tenant] += 1
         else:
-            if len(k.waiters) >= k.queue_max:
-                raise Saturated(
-                    f"{kind}: all {k.capacity} slots of worker {self.worker} busy and {len(k.waiters)} steps "
-                    "queued (queue_max)",
-                    retry_after_s=self._retry_after_s(k),
-                )
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            heapq.heappush(k.waiters, (time.monotonic() if priority is None else priority, next(self._seq), fut))
-            self._publish(kind)
-            wait_s = max(0.0, deadline - time.monotonic())
-            try:
-                await asyncio.wait_for(asyncio.shield(fut), wait_s)
-            except TimeoutError:
-                if fut.done() and not fut.cancelled():
-                    self._release(kind)  # handed a slot at the last moment: give it on
-                fut.cancel()
-                self._prune(kind)
-                raise DeadlineExceeded(
-                    f"{kind}: waited {wait_s:.1f}s in the queue for a free slot (queue_timeout_s)"
-                ) from None
-            except asyncio.CancelledError:
-                if fut.done() and not fut.cancelled():
-                    self._release(kind)
-                fut.cancel()
-                self._prune(kind)
-                raise
+            burst = await self._wait(k, kind, deadline, priority, tenant)  # counted running when handed
         k.inflight += 1
         self._publish(kind)
         start = time.monotonic()
@@ -110,32 +139,106 @@ class Admission:
         finally:
             k.inflight -= 1
             k.ewma_step_s = 0.9 * k.ewma_step_s + 0.1 * (time.monotonic() - start)
-            self._release(kind)
+            self._release(kind, tenant, burst)
 
-    def _release(self, kind: str) -> None:
-        """A slot comes free: the first live waiter takes it, or it goes back to the free count."""
+    async def _wait(self, k: _Kind, kind: str, deadline: float, priority: float | None, tenant: str) -> bool:
+        if k.queued >= k.queue_max:
+            self._make_room(k, kind, tenant)
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(time.monotonic() if priority is None else priority, next(self._seq), tenant, fut)
+        heapq.heappush(k.waiters.setdefault(tenant, []), waiter)
+        k.queued += 1
+        self._publish(kind)
+        wait_s = max(0.0, deadline - time.monotonic())
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), wait_s)
+        except TimeoutError:
+            self._abandon(k, kind, waiter)
+            raise DeadlineExceeded(
+                f"{kind}: waited {wait_s:.1f}s in the queue for a free slot (queue_timeout_s)"
+            ) from None
+        except asyncio.CancelledError:
+            self._abandon(k, kind, waiter)
+            raise
+
+    def _make_room(self, k: _Kind, kind: str, tenant: str) -> None:
+        """A full queue: the newest waiter of the tenant furthest above its share gives way to ``tenant``,
+        if that is not ``tenant`` itself; otherwise ``tenant`` is refused."""
+        over = max((t for t, q in k.waiters.items() if q), key=lambda t: self._load(k, t), default=None)
+        if over is None or over == tenant or self._load(k, over) <= self._load(k, tenant) + 1 / self._weight(tenant):
+            raise Saturated(
+                f"{kind}: all {k.capacity} slots of worker {self.worker} busy and {k.queued} steps queued (queue_max)",
+                retry_after_s=self._retry_after_s(k),
+            )
+        heap = k.waiters[over]
+        newest = max(heap, key=lambda w: (w.priority, w.seq))
+        heap.remove(newest)
+        heapq.heapify(heap)
+        k.queued -= 1
+        newest.fut.set_exception(
+            Saturated(
+                f"{kind}: the queue of worker {self.worker} is full and this tenant holds more than its share "
+                "of it; a tenant below its share took this place",
+                retry_after_s=self._retry_after_s(k),
+            )
+        )
+
+    def _abandon(self, k: _Kind, kind: str, waiter: _Waiter) -> None:
+        """A waiter that gave up (deadline, cancel): out of the queue, or the slot it was just handed given on."""
+        fut = waiter.fut
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            self._release(kind, waiter.tenant, fut.result())  # handed a slot at the last moment: give it on
+            return
+        fut.cancel()
+        heap = k.waiters.get(waiter.tenant)
+        if heap and waiter in heap:
+            heap.remove(waiter)
+            heapq.heapify(heap)
+            k.queued -= 1
+        self._publish(kind)
+
+    def _release(self, kind: str, tenant: str, burst: bool) -> None:
+        """A slot comes free: hand out what is free to the waiters, fairest first."""
         k = self.kinds[kind]
-        while k.waiters:
-            _, _, fut = heapq.heappop(k.waiters)
-            if not fut.done():
-                fut.set_result(None)
-                self._publish(kind)
+        k.running[tenant] -= 1
+        if k.running[tenant] <= 0:
+            del k.running[tenant]
+        if burst:
+            k.burst_used -= 1
+        else:
+            k.free = min(k.free + 1, k.capacity)
+        self._dispatch(k)
+        self._publish(kind)
+
+    def _dispatch(self, k: _Kind) -> None:
+        while k.queued:
+            tenants = [t for t, q in k.waiters.items() if q]
+            tenant = min(tenants, key=lambda t: (k.running[t] / self._weight(t), k.waiters[t][0].priority))
+            if k.free > 0:
+                burst = False
+            elif k.burst_used < k.burst and self._below_share(k, tenant):
+                burst = True
+            else:
                 return
-        k.free = min(k.free + 1, k.capacity)
-        self._publish(kind)
-
-    def _prune(self, kind: str) -> None:
-        k = self.kinds[kind]
-        k.waiters = [w for w in k.waiters if not w[2].done()]
-        heapq.heapify(k.waiters)
-        self._publish(kind)
+            waiter = heapq.heappop(k.waiters[tenant])
+            if not k.waiters[tenant]:
+                del k.waiters[tenant]
+            k.queued -= 1
+            if burst:
+                k.burst_used += 1
+            else:
+                k.free -= 1
+            k.running[tenant] += 1  # now, so that the next pick of this loop sees it
+            waiter.fut.set_result(burst)
 
     def close(self) -> None:
         self.closed = True
         for kind, k in self.kinds.items():
-            while k.waiters:
-                fut = heapq.heappop(k.waiters)[2]
-                if not fut.done():
-                    fut.set_exception(ShuttingDown("this node is shutting down"))
-                    fut.exception()
+            for heap in k.waiters.values():
+                for waiter in heap:
+                    if not waiter.fut.done():
+                        waiter.fut.set_exception(ShuttingDown("this node is shutting down"))
+                        waiter.fut.exception()
+            k.waiters.clear()
+            k.queued = 0
             self._publish(kind)

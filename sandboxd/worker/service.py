@@ -38,6 +38,7 @@ from sandboxd.errors import (
     SessionLost,
     UnknownRunner,
 )
+from sandboxd.ids import tenant_of_key
 from sandboxd.links import Channel, Header
 from sandboxd.metrics import WorkerMetrics
 from sandboxd.models import StepRequest
@@ -104,7 +105,9 @@ class Worker:
         # worker dies or comes back: the others then take its part).
         q = self.settings.queue_max
         queue_max = {k: max(1, math.ceil(q / len(hosting(self.settings, k)))) if q else 0 for k in capacity}
-        self.admission = Admission(self.index, capacity, queue_max, self.board)
+        burst = {k: int(getattr(r, "burst_capacity", lambda: 0)()) for k, r in self.runners.items()}
+        weights = {tenant_of_key(key): w for key, w in self.settings.tenant_weights.items()}
+        self.admission = Admission(self.index, capacity, queue_max, self.board, burst, weights)
         self._reaper = asyncio.create_task(self._reap_loop())
 
     def capacity(self) -> dict[str, int]:
@@ -211,7 +214,7 @@ class Worker:
             assert self.admission is not None
             if run is None:  # a front sent a kind this worker does not host: a bug of ours, said as one
                 raise InfraError(f"worker {self.index} does not host runner {runner!r}")
-            async with self.admission.slot(runner, deadline, priority):
+            async with self.admission.slot(runner, deadline, priority, h["tenant"]):
                 outcome = await run.step(action, None, limits)
             return self._result(runner, outcome, t0, None)
         except SandboxdError as exc:

@@ -34,6 +34,13 @@ class PythonRunnerConfig(RunnerConfig):
     slots_per_worker: int = Field(
         4, ge=1, le=256, description="Warm one-shot jails per worker: concurrent one-shot executions per worker."
     )
+    burst_slots_per_worker: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="Warm one-shot jails per worker beyond slots_per_worker, taken only by a tenant below its fair "
+        "share that finds every slot busy (other tenants' sleeping programs hold slots without using the CPU).",
+    )
     warm_pool: bool = Field(
         True,
         description="Keep jails and executors ready before requests come. False starts a whole jail per one-shot "

@@ -121,7 +121,7 @@ class PythonRunner:
         self.session_jails: list[SessionJail] = []
         self.sessions: dict[str, Session] = {}
         self.root: CgroupRoot | None = None
-        self._cold = asyncio.Semaphore(cfg.slots_per_worker)  # warm_pool=False: concurrent cold starts
+        self._cold = asyncio.Semaphore(cfg.slots_per_worker + cfg.burst_slots_per_worker)  # warm_pool=False
         self._restart_locks: dict[str, asyncio.Lock] = {}
         self._healer: asyncio.Task[None] | None = None
         self._leftover_cgroups: list[CgroupGroup] = []
@@ -139,13 +139,18 @@ class PythonRunner:
     def capacity(self) -> int:
         return self.cfg.slots_per_worker
 
+    def burst_capacity(self) -> int:
+        """Slots for tenants below their fair share only (the worker's admission decides who takes them)."""
+        return self.cfg.burst_slots_per_worker
+
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         self.root = CgroupRoot(self.name, Path(self.cfg.cgroup_mount), self.cfg.cgroup_version or None)
         mem = self.cfg.memory_mb << 20
         jobs = []
-        for i in range(self.cfg.slots_per_worker if self.cfg.warm_pool else 0):
+        slots = self.cfg.slots_per_worker + self.cfg.burst_slots_per_worker
+        for i in range(slots if self.cfg.warm_pool else 0):
             cg = self.root.slot(f"slot{i}")
             cg.set_limits(mem + (32 << 20), self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
             cg.set_cpu(self.cfg.cpu_cores)
@@ -222,7 +227,11 @@ class PythonRunner:
             await self._retry_leftovers()
         return {
             "capacity": self.capacity(),
-            "free_slots": self.free.qsize() if self.cfg.warm_pool else self._cold._value,
+            # warm slots free, less the burst ones (free or not: which jail a burst step took is not tracked)
+            "free_slots": max(
+                0, (self.free.qsize() if self.cfg.warm_pool else self._cold._value) - self.burst_capacity()
+            ),
+            "burst_slots": self.burst_capacity(),
             "sessions": len(self.sessions),
             "jails_alive": alive,
             "jails_total": total,
