@@ -198,6 +198,29 @@ class NodeSettings(BaseSettings):
     tenant_max_inflight: int = Field(
         1024, ge=1, description="Steps one tenant may have running or queued on this node; more is a 429."
     )
+    memory_budget_mb: int = Field(
+        0,
+        ge=0,
+        description="Memory the node's sandboxes may reserve at their limits (its pools' warm sandboxes and each "
+        "session): 0 = what the node's cgroup (a pod's limit) or the host allows, less memory_reserve_mb. A new "
+        "session past budget x overcommit is a 429, so that a limit above the sandboxes' own is not reached.",
+    )
+    memory_reserve_mb: int = Field(
+        1024, ge=0, description="Memory kept for the node's own processes (fronts, workers, drivers)."
+    )
+    pids_budget: int = Field(
+        0,
+        ge=0,
+        description="Processes and threads the node's sandboxes may reserve at their limits: 0 = what the node's "
+        "cgroup, the kernel's pid_max and threads-max allow, less pids_reserve.",
+    )
+    pids_reserve: int = Field(1024, ge=0, description="Pids kept for the node's own processes.")
+    overcommit: float = Field(
+        8.0,
+        ge=1.0,
+        description="How many times its budget the node reserves: sessions rarely use their limits (an idle python "
+        "session ~3 MB of 512). 1 = no sandbox can ever meet a limit above its own.",
+    )
     tenant_weights: dict[str, float] = Field(
         default_factory=dict,
         description="Fair-share weight per API key (JSON, key -> weight > 0; others 1): when tenants compete for "

@@ -38,19 +38,24 @@ def _own(controller: str) -> Path:
     raise RuntimeError(f"no {controller} cgroup")
 
 
-@pytest.fixture(scope="module")
-def pod() -> Iterator[CgroupGroup]:
-    """A pod-like group: memory and pids limits set by each test, the node inside it."""
+@contextlib.contextmanager
+def make_pod(name: str) -> Iterator[CgroupGroup]:
+    """A pod-like group: memory and pids limits set by each test, a node inside it."""
     if detect_version() != 1:
         pytest.skip("this machine's layout: cgroup v1 (the v2 counters are the same rule, one file each)")
-    name = f"pod-{os.getpid()}"
-    group = CgroupGroup({c: _own(c) / name for c in ("memory", "pids")}, 1)
+    group = CgroupGroup({c: _own(c) / f"{name}-{os.getpid()}" for c in ("memory", "pids")}, 1)
     for d in group.dirs.values():
         d.mkdir(exist_ok=True)
     try:
         yield group
     finally:
         group.remove()
+
+
+@pytest.fixture(scope="module")
+def pod() -> Iterator[CgroupGroup]:
+    with make_pod("pod") as group:
+        yield group
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +219,45 @@ async def test_a_neighbours_sleeping_programs_do_not_lock_the_kind_away(node: st
         assert took < 3.0, f"B waited {took:.1f}s behind A's sleepers"
         done = await asyncio.gather(*sleepers)
         assert all(x["ok"] for x in done), done  # A loses nothing: its steps ran in turn
+
+
+def test_the_node_budget_refuses_sessions_before_the_pod_kills_anyone() -> None:
+    """A node whose memory budget (x overcommit 1) holds its pools and four 256 MB sessions, in a pod that
+    could not hold ten sessions of 200 MB beside another tenant's 200 MB program: A's fifth session is a
+    429 naming the budget, and B's program runs (before: A got its ten, and the pod's OOM killed B's
+    program, or one of A's)."""
+    with make_pod("budget") as pod:
+        procs = tuple(str(d / "cgroup.procs") for d in pod.dirs.values())
+        settings = {
+            "runners": '["python"]',
+            "workers": 1,
+            "api_keys": json.dumps([KEY_A, KEY_B]),
+            "python__slots_per_worker": 2,
+            "python__burst_slots_per_worker": 0,
+            "python__memory_mb": 256,
+            "memory_budget_mb": 1900,
+            "overcommit": 1.0,
+        }
+        with running_node_in(procs, **settings) as base:
+            used, _ = pod_usage(pod)
+            set_pod(pod, memory=used + 1700 * MIB)
+
+            async def scenario() -> None:
+                async with tenant(base, KEY_A) as a, tenant(base, KEY_B) as b:
+                    fill = "x = bytearray(200 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1"
+                    held, refusal = [], None
+                    for _ in range(10):
+                        r = await a.post("/sessions", json={"runner": "python"})
+                        if r.status_code != 201:
+                            refusal = r
+                            break
+                        held.append(r.json()["session_id"])
+                        assert (await step(a, fill, held[-1]))["ok"]
+                    assert refusal is not None and refusal.status_code == 429, (len(held), refusal)
+                    assert "budget" in refusal.text and len(held) == 4, refusal.text
+                    ran = await step(b, fill + "\nprint('B ran')")
+                    assert ran["ok"] and ran["observation"]["stdout"] == "B ran\n", ran
+                    for sid in held:
+                        assert (await step(a, "print(len(x) >> 20)", sid))["observation"]["stdout"] == "200\n"
+
+            asyncio.run(scenario())

@@ -45,6 +45,7 @@ from sandboxd.errors import (
 from sandboxd.ids import new_session_id, worker_of
 from sandboxd.links import Channel, Header
 from sandboxd.metrics import MULTIPROC_ENV
+from sandboxd.node.budget import node_budget
 from sandboxd.node.drain import DrainToken
 from sandboxd.node.ledger import Entry, Ledger
 from sandboxd.node.workers import WorkerProc, Workers
@@ -65,7 +66,7 @@ class NodeCore:
         self.incarnation = secrets.token_hex(8)
         registry = kinds()
         self.kinds = {k: registry[k] for k in settings.runners}
-        self.ledger = Ledger(settings.tenant_max_sessions)
+        self.ledger = Ledger(settings.tenant_max_sessions, node_budget(settings))
         self.kv = MemoryKV(settings.idempotency_max_entries)
         self.workers: Workers | None = None
         self.board: Board | None = None
@@ -252,6 +253,7 @@ class NodeCore:
         options = h.get("options") or {}
         kind.parse_options(options)
         self.ledger.check_room(tenant, 1)
+        self.ledger.check_budget(runner, 1)
         ttl, idle = self._lifetimes(h.get("ttl_s"), h.get("idle_timeout_s"))
         alive = {w.index: w for w in self._alive(runner)}
         if not alive:
@@ -297,6 +299,7 @@ class NodeCore:
         if kind.no_fork:
             raise BadRequest(kind.no_fork)
         self.ledger.check_room(tenant, n)
+        self.ledger.check_budget(entry.runner, n)
         ttl, idle = self._lifetimes(h.get("ttl_s"), h.get("idle_timeout_s"))
         new_ids = [new_session_id(self.node_id, w.index, w.incarnation) for _ in range(n)]
         assert w.link is not None
@@ -320,6 +323,19 @@ class NodeCore:
                 self.ledger.add(sid, Entry(tenant, entry.runner, w.index, w.incarnation))
         forked: dict[str, Any] = orjson.loads(raw)
         return {"source_id": source, "sessions": forked["sessions"], "notes": forked["notes"]}
+
+    def _budget_status(self) -> dict[str, int]:
+        """Reserved at the sandboxes' limits, of the budget (times overcommit): MiB and pids."""
+        budget = self.ledger.budget
+        if budget is None:
+            return {}
+        held = self.ledger.reserved()
+        return {
+            "memory_mb": held.memory_bytes >> 20,
+            "memory_budget_mb": budget.limit.memory_bytes >> 20,
+            "pids": held.pids,
+            "pids_budget": budget.limit.pids,
+        }
 
     def _worker_at(self, place: tuple[int, str] | None) -> WorkerProc | None:
         """The live worker an id names, if it is still the incarnation that made the id."""
@@ -358,6 +374,7 @@ class NodeCore:
             "workers": workers,
             "fronts": sorted(int(ch.peer.get("pid") or 0) for ch in self.fronts),
             "sessions": self.ledger.count(),
+            "budget": self._budget_status(),
             "draining": self.draining,
             "inflight": await self.inflight(),
             "restarts": self.workers.restarts,

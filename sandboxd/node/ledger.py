@@ -6,6 +6,12 @@ session goes (the hosting worker with the fewest sessions of its kind). Every ne
 through the ledger; every end reaches it from the worker that held it (``ended`` events) or from the
 worker's death. Sessions being opened or copied count too: a storm of concurrent creates all saw the
 ledger before any was recorded.
+
+The ledger also keeps the node's budget: the memory and pids its sandboxes may take at their limits
+(``Reservation``), times ``overcommit``. The warm pools are charged once, at start; each session (open,
+opening or copied) is charged its kind's ``session_reservation`` while it lives. A session that would
+pass the budget is a 429 (infra): refused at the door rather than killed later by a limit above its own
+(the pod's), where the kill would land on whoever allocates next.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sandboxd.errors import Saturated
+from sandboxd.runners.base import Reservation
 
 
 @dataclass(frozen=True)
@@ -26,9 +33,19 @@ class Entry:
     incarnation: str
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What the node's sandboxes may reserve (already times overcommit), and what its pools hold."""
+
+    limit: Reservation
+    pools: Reservation
+    per_session: dict[str, Reservation]  # by runner kind
+
+
 class Ledger:
-    def __init__(self, tenant_max_sessions: int) -> None:
+    def __init__(self, tenant_max_sessions: int, budget: Budget | None = None) -> None:
         self.cap = tenant_max_sessions
+        self.budget = budget
         self.sessions: dict[str, Entry] = {}
         self.by_tenant: Counter[str] = Counter()
         self.by_worker: Counter[tuple[str, int]] = Counter()
@@ -45,6 +62,36 @@ class Ledger:
                 "close some first",
                 retry_after_s=5.0,
             )
+
+    def reserved(self) -> Reservation:
+        """The pools and every session, open or opening, at their limits."""
+        if self.budget is None:
+            return Reservation()
+        total = self.budget.pools
+        for (runner, _), n in (self.by_worker + self.opening_by_worker).items():
+            total = total + self.budget.per_session.get(runner, Reservation()).times(n)
+        return total
+
+    def check_budget(self, runner: str, n: int) -> None:
+        """``n`` more sessions of ``runner`` fit the node's budget, or a 429 saying which resource is short."""
+        if self.budget is None:
+            return
+        each = self.budget.per_session.get(runner, Reservation())
+        if each == Reservation():
+            return
+        want, have, limit = each.times(n), self.reserved(), self.budget.limit
+        for name, need, held, cap, unit in (
+            ("memory", want.memory_bytes, have.memory_bytes, limit.memory_bytes, 1 << 20),
+            ("pids", want.pids, have.pids, limit.pids, 1),
+        ):
+            if need and held + need > cap:
+                scale = " MiB" if unit > 1 else ""
+                raise Saturated(
+                    f"this node's sandboxes hold {held // unit}{scale} of {name} at their limits, of a budget of "
+                    f"{cap // unit}{scale} (memory/pids budget x overcommit); {n} more {runner} session(s) "
+                    f"would need {need // unit}{scale}: retry later or on another node",
+                    retry_after_s=5.0,
+                )
 
     def place(self, runner: str, workers: list[int]) -> int:
         """The hosting worker with the fewest sessions of ``runner`` (and opens in flight)."""

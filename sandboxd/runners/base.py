@@ -98,6 +98,20 @@ class RunnerContext:
     worker_index: int
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """Memory and pids a sandbox may take at its limits: what the node's budget is charged for it."""
+
+    memory_bytes: int = 0
+    pids: int = 0
+
+    def __add__(self, other: Reservation) -> Reservation:
+        return Reservation(self.memory_bytes + other.memory_bytes, self.pids + other.pids)
+
+    def times(self, n: int) -> Reservation:
+        return Reservation(self.memory_bytes * n, self.pids * n)
+
+
 class RunnerConfig(BaseModel):
     """Base of every kind's config: ``extra="forbid"``, a docstring on every field."""
 
@@ -110,6 +124,15 @@ class RunnerConfig(BaseModel):
         description="Placement: 0 = an instance in every worker; N = in the first N workers only "
         "(for kinds whose instances are heavy, e.g. a browser).",
     )
+
+    def pool_reservation(self) -> Reservation:
+        """What one instance holds whatever its load (its warm sandboxes at their limits), for the node's
+        budget (``node/ledger.py``); none by default (a kind that runs in the worker itself)."""
+        return Reservation()
+
+    def session_reservation(self) -> Reservation:
+        """What one session may take at its limits beyond the pool's, reserved while it lives."""
+        return Reservation()
 
 
 class Runner(Protocol):

@@ -370,6 +370,45 @@ def _move_into_leaf(group: Path) -> None:
     log.warning("cgroup %s still holds processes after moving them to %s", group, leaf)
 
 
+def ceilings(mount: Path = Path("/sys/fs/cgroup")) -> tuple[int, int]:
+    """The memory (bytes) and pids this process's cgroups and the host allow it and what it starts: the
+    least limit on the way up from its own group (a pod's, a systemd slice's), the host's memory and the
+    kernel's pid and thread limits."""
+    version = detect_version(mount)
+    memory = _meminfo_total()
+    pids = min(
+        _read_int(Path("/proc/sys/kernel/pid_max"), 1 << 22), _read_int(Path("/proc/sys/kernel/threads-max"), 1 << 22)
+    )
+    if version == 1:
+        places = [("memory", "memory.limit_in_bytes"), ("pids", "pids.max")]
+        dirs = [mount / c / _own_path(c).lstrip("/") for c, _ in places]
+    else:
+        own = mount / _own_path(None).lstrip("/")
+        places, dirs = [("", "memory.max"), ("", "pids.max")], [own, own]
+    for (_, name), d in zip(places, dirs, strict=True):
+        for group in [d, *d.parents]:
+            if not str(group).startswith(str(mount)) or group == mount.parent:
+                break
+            cap = _read_limit(group / name)
+            if cap is None:
+                continue
+            if name.startswith("memory"):
+                memory = min(memory, cap)
+            else:
+                pids = min(pids, cap)
+    return memory, pids
+
+
+def _meminfo_total() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 62
+
+
 def detect_version(mount: Path = Path("/sys/fs/cgroup")) -> int:
     """2 when the unified hierarchy holds the memory controller, else 1."""
     controllers = mount / "cgroup.controllers"

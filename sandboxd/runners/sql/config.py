@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from sandboxd.runners.base import RunnerConfig
+from sandboxd.runners.base import Reservation, RunnerConfig
 
 DUCKDB_HEADROOM_MB = 64  # of an engine's cgroup memory, kept for the interpreter around DuckDB
 
@@ -49,3 +49,9 @@ class SQLRunnerConfig(RunnerConfig):
         description="How long a statement interrupted at its timeout may take to stop before its engine is killed.",
     )
     cgroup_mount: str = Field("/sys/fs/cgroup", description="Where the cgroup file systems are mounted.")
+
+    def pool_reservation(self) -> Reservation:
+        return Reservation(self.memory_mb << 20, self.pids_max).times(self.slots_per_worker)
+
+    def session_reservation(self) -> Reservation:
+        return Reservation(self.memory_mb << 20, self.pids_max)
