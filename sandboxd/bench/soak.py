@@ -18,6 +18,14 @@ cgroups and the disk use of its runtime directory (jail logs, spilled SQL);
 at the end, the counts of honest steps that failed and hostile steps that
 were mis-blamed (both must be 0), and the growth of each resource after the
 warm-up. Exit status 1 when either count is not 0.
+
+``--pressure`` is the neighbour-pressure soak: the node runs inside a pod-like cgroup this command makes
+(``--pod-memory-mb``, ``--pod-pids``; as a pod's limits would be), the flooding tenant presses on them
+(sessions filling memory until refused, threads spinning in them, sleeping one-shots holding slots) and
+the honest tenant runs python one-shots and sessions well inside their own limits. An honest step may
+come back refused or stopped by the infrastructure (429, ``node_pressure``: masked by a trainer, and
+counted here as retried), never blamed on its program: the count of honest steps blamed on the program
+and of hostile steps blamed on anyone but their program must both be 0.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from typing import Any
 import httpx
 
 from sandboxd.localnode import local_node
+from sandboxd.runners.cgroups import CgroupRoot
 
 HOSTILE_PROGRAMS: list[tuple[str, str, dict[str, Any]]] = [
     ("memory bomb", "b = []\nwhile True:\n    b.append(bytearray(16 << 20))", {}),
@@ -74,6 +83,7 @@ BAD_REQUESTS: list[tuple[str, bytes]] = [
 class Tally:
     honest: int = 0
     honest_failed: int = 0
+    retried: int = 0  # honest steps the infrastructure refused or stopped (masked by a trainer, retried)
     hostile: int = 0
     misblamed: int = 0
     examples: list[str] = field(default_factory=list)
@@ -245,6 +255,86 @@ class Soak:
         status, r = await self.step(c, body)
         return None if status == 200 and r["observation"]["stdout"] == "7\n" else f"{status} {r.get('error')}"
 
+    # ------------------------------------------------------------------ neighbour pressure (--pressure)
+
+    async def pressed(self, what: str, c: httpx.AsyncClient, body: dict[str, Any], want: str) -> None:
+        """An honest step under pressure: its output, or the infrastructure's refusal; never its blame."""
+        self.t.honest += 1
+        try:
+            status, r = await self.step(c, body)
+        except httpx.HTTPError as exc:
+            self.t.fail(what, f"{type(exc).__name__}: {exc}", honest=True)
+            return
+        blame = (r.get("error") or {}).get("blame")
+        if blame == "infra":
+            self.t.retried += 1
+        elif status != 200 or blame is not None or (r.get("observation") or {}).get("stdout") != want:
+            self.t.fail(what, f"{status} {r.get('error')}", honest=True)
+
+    async def honest_pressed_loop(self, i: int) -> None:
+        rng = random.Random(2000 + i)
+        alloc = "x = bytearray({mb} << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\nprint(len(x) >> 20)"
+        async with self.client() as c:
+            while time.monotonic() < self.stop_at:
+                mb = rng.choice((16, 64, 128))
+                if rng.random() < 0.6:
+                    body = {"runner": "python", "action": {"code": alloc.format(mb=mb)}, "timeout_s": 10}
+                    await self.pressed("pressed one-shot", c, body, f"{mb}\n")
+                    continue
+                r = await c.post("/sessions", json={"runner": "python"})
+                if r.status_code != 201:
+                    self.t.retried += r.status_code in (429, 503)
+                    if r.status_code not in (429, 503):
+                        self.t.fail("pressed session create", f"{r.status_code} {r.text[:200]}", honest=True)
+                    await asyncio.sleep(1)
+                    continue
+                sid = r.json()["session_id"]
+                threads = (
+                    "import threading\nts = [threading.Thread(target=sum, args=(range(200000),)) for _ in range(4)]\n"
+                    "[t.start() for t in ts]; [t.join() for t in ts]\nprint(len(ts))"
+                )
+                for code, want in (
+                    (alloc.format(mb=mb), f"{mb}\n"),
+                    (threads, "4\n"),
+                    ("print(len(x) >> 20)", f"{mb}\n"),
+                ):
+                    body = {"runner": "python", "action": {"code": code}, "session_id": sid, "timeout_s": 10}
+                    await self.pressed("pressed session", c, body, want)
+                await c.delete(f"/sessions/{sid}")
+
+    async def pressure_loop(self, i: int) -> None:
+        """The other tenant at the node's limits: sessions filling memory until refused, threads spinning in
+        some, sleeping one-shots; every answer it gets must blame its own program or the infrastructure."""
+        rng = random.Random(3000 + i)
+        fill = "x = bytearray(150 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1"
+        spin = "import threading\nthreading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()"
+        async with self.client(self.flood_key) as c:
+            while time.monotonic() < self.stop_at:
+                self.t.hostile += 1
+                held: list[str] = []
+                for _ in range(40):
+                    r = await c.post("/sessions", json={"runner": "python"})
+                    if r.status_code != 201:
+                        if r.status_code not in (429, 503):
+                            self.t.fail("pressure create", f"{r.status_code} {r.text[:200]}", honest=False)
+                        break
+                    held.append(r.json()["session_id"])
+                    code = fill + ("\n" + spin if rng.random() < 0.3 else "")
+                    status, res = await self.step(
+                        c, {"runner": "python", "action": {"code": code}, "session_id": held[-1]}
+                    )
+                    if status not in (200, 410, 429, 503) or (res.get("error") or {}).get("blame") == "client":
+                        self.t.fail("pressure fill", f"{status} {res.get('error')}", honest=False)
+                sleepers = [
+                    self.step(
+                        c, {"runner": "python", "action": {"code": "import time; time.sleep(3)"}, "timeout_s": 10}
+                    )
+                    for _ in range(6)
+                ]
+                await asyncio.gather(*sleepers, return_exceptions=True)
+                await asyncio.gather(*(c.delete(f"/sessions/{sid}") for sid in held), return_exceptions=True)
+                await asyncio.sleep(rng.uniform(0.5, 2.0))
+
     async def hostile_sql(self, c: httpx.AsyncClient, rng: random.Random) -> None:
         name, query, timeout_s = rng.choice(HOSTILE_SQL)
         sid = None
@@ -291,14 +381,20 @@ def sample(gateway_pid: int, marker: str) -> dict[str, float]:
     return {"rss_mb": rss / 1024, "fds": fds, "procs": len(pids), "cgroups": cgroups, "runtime_mb": tmp / 2**20}
 
 
-async def run(base: str, duration_s: float, every_s: float, warmup_s: float, keys: tuple[str, str]) -> int:
+async def run(
+    base: str, duration_s: float, every_s: float, warmup_s: float, keys: tuple[str, str], pressure: bool = False
+) -> int:
     async with httpx.AsyncClient(base_url=base, timeout=30) as c:
         ready = (await c.get("/readyz")).json()
     gateway_pid, marker = int(ready["pid"]), f"{ready['node_id']}-{ready['pid']}-w"
     soak = Soak(base, time.monotonic() + duration_s, *keys)
-    loops = [asyncio.create_task(soak.honest_loop(i)) for i in range(6)]
-    loops += [asyncio.create_task(soak.hostile_loop(i)) for i in range(2)]
-    loops.append(asyncio.create_task(soak.flood_loop()))
+    if pressure:
+        loops = [asyncio.create_task(soak.honest_pressed_loop(i)) for i in range(4)]
+        loops += [asyncio.create_task(soak.pressure_loop(i)) for i in range(2)]
+    else:
+        loops = [asyncio.create_task(soak.honest_loop(i)) for i in range(6)]
+        loops += [asyncio.create_task(soak.hostile_loop(i)) for i in range(2)]
+        loops.append(asyncio.create_task(soak.flood_loop()))
     start = time.monotonic()
     rows: list[tuple[float, dict[str, float]]] = []
     head = f"{'t_s':>6} {'rss_mb':>8} {'fds':>6} {'procs':>6} {'cgroups':>8} {'run_mb':>8}"
@@ -318,7 +414,10 @@ async def run(base: str, duration_s: float, every_s: float, warmup_s: float, key
     final = await asyncio.to_thread(sample, gateway_pid, marker)
     after_warmup = next((s for at, s in rows if at >= warmup_s), rows[0][1] if rows else final)
     t = soak.t
-    print(f"\nhonest steps: {t.honest}, failed: {t.honest_failed}; hostile: {t.hostile}, mis-blamed: {t.misblamed}")
+    print(
+        f"\nhonest steps: {t.honest}, failed: {t.honest_failed} (refused or stopped by the infrastructure, "
+        f"retried: {t.retried}); hostile: {t.hostile}, mis-blamed: {t.misblamed}"
+    )
     print("growth after warm-up: " + ", ".join(f"{k} {final[k] - after_warmup[k]:+.1f}" for k in final))
     for ex in t.examples:
         print("  " + ex)
@@ -334,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--keys", default=f"{HONEST_KEY},{FLOOD_KEY}", help="with --target: the honest and the flooding tenant's keys"
     )
+    ap.add_argument("--pressure", action="store_true", help="the neighbour-pressure soak (see above)")
+    ap.add_argument("--pod-memory-mb", type=int, default=3072, help="--pressure: the pod's memory limit")
+    ap.add_argument("--pod-pids", type=int, default=3000, help="--pressure: the pod's pids limit")
     args = ap.parse_args(argv)
     honest, flood = args.keys.split(",", 1)
     with contextlib.ExitStack() as stack:
@@ -342,8 +444,17 @@ def main(argv: list[str] | None = None) -> int:
             "SANDBOXD_SQL__SCALE_FACTOR": "0.01",
             "SANDBOXD_API_KEYS": f'["{honest}", "{flood}"]',
         }
-        base = args.target or stack.enter_context(local_node(settings))
-        return asyncio.run(run(base, args.duration, args.report_every, args.warmup, (honest, flood)))
+        pod: tuple[str, ...] = ()
+        if args.pressure and not args.target:
+            settings["SANDBOXD_RUNNERS"] = '["python"]'
+            group = CgroupRoot(f"soak-pod-{os.getpid()}").group
+            stack.callback(group.remove)
+            group.set_limits(args.pod_memory_mb << 20, args.pod_pids)
+            pod = tuple(str(f) for f in group.procs_files)
+        base = args.target or stack.enter_context(local_node(settings, cgroup=pod))
+        return asyncio.run(
+            run(base, args.duration, args.report_every, args.warmup, (honest, flood), pressure=args.pressure)
+        )
 
 
 if __name__ == "__main__":
