@@ -478,6 +478,49 @@ async def test_a_cell_rebinding_exec_or_the_harness_names_does_not_make_later_ce
         await http.delete(f"/sessions/{sid}")
 
 
+async def test_a_grade_step_judges_the_sessions_files_where_the_policy_cannot_reach(http: httpx.AsyncClient) -> None:
+    """The sound way to score a multi-turn code rollout: the grader runs in a fresh sandbox over a copy of
+    the session's files. The policy's session rebinds everything a grader in the session would use and
+    leaves a forged reply in its channel; the grade still fails the wrong solution and passes the right one.
+    Its links and FIFOs are not followed out of its directory, nor do they hang the worker."""
+    sid = await session(http)
+    try:
+        policy = (
+            "open('solution.py', 'w').write('def answer():\\n    return 41\\n')\n"
+            "import os\nos.makedirs('data')\nopen('data/n.txt', 'w').write('41')\n"
+            "os.symlink('/etc/shadow', 'shadow')\nos.symlink('../../../../etc/hostname', 'data/host')\n"
+            "os.mkfifo('pipe')\n"
+            "import builtins, sys\nbuiltins.exec = lambda *a, **k: None\nsys.exit = lambda *a: None\n"
+            "builtins.AssertionError = type('AssertionError', (Exception,), {})\n"
+        )
+        assert (await py(http, policy, session_id=sid))["ok"]
+        grader = (
+            "import os\nfrom solution import answer\n"
+            "print(sorted(os.listdir('.')), open('data/n.txt').read())\n"
+            "assert answer() == 42, 'wrong answer'"
+        )
+        action = {"code": grader, "grade": True}
+        r = (await http.post("/rollout/step", json={"runner": "python", "session_id": sid, "action": action})).json()
+        assert r["ok"] is False and r["error"]["code"] == "program_exit", r
+        assert "wrong answer" in r["observation"]["stderr"], r
+        assert r["observation"]["stdout"] == "['data', 'solution.py'] 41\n", r  # no link, no FIFO copied
+        skipped = r["observation"]["session_files_skipped"]
+        assert set(skipped) == {"shadow", "data/host", "pipe"}, skipped
+        # the policy fixes its solution in the session; the grade sees it (and the session is intact)
+        fix = "open('solution.py', 'w').write('def answer():\\n    return 42\\n')\nprint('fixed')"
+        assert (await py(http, fix, session_id=sid))["observation"]["stdout"] == "fixed\n"
+        r = (await http.post("/rollout/step", json={"runner": "python", "session_id": sid, "action": action})).json()
+        assert r["ok"] is True, r
+        given = {"code": "print(open('solution.py').read().strip()[-2:])", "grade": True,
+                 "files": {"solution.py": "graders may override: 99"}}  # fmt: skip
+        r = (await http.post("/rollout/step", json={"runner": "python", "session_id": sid, "action": given})).json()
+        assert r["observation"]["stdout"] == "99\n", r
+        r = await http.post("/rollout/step", json={"runner": "python", "action": {"code": "pass", "grade": True}})
+        assert r.status_code == 422 and "session" in r.text, r.text
+    finally:
+        await http.delete(f"/sessions/{sid}")
+
+
 async def test_a_session_program_closing_its_channel_is_its_own_failure_at_once(http: httpx.AsyncClient) -> None:
     """Found by the red team: this was a 10 s wait and then session_lost, blamed on the infrastructure."""
     sid = await session(http)

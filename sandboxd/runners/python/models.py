@@ -37,6 +37,12 @@ class PythonAction(BaseModel):
         "would (it is written there; `__file__`, `sys.argv[0]` and `sys.path[0]` name it). Without it the code "
         "runs as `python -c` would (`sys.path[0]` is the working directory, no `__file__`).",
     )
+    grade: bool = Field(
+        False,
+        description="Session steps: run `code` not in the session but in a fresh one-shot sandbox whose working "
+        "directory holds a copy of the session's files (and `files` over them): a grader that nothing the "
+        "policy's code did to its interpreter can reach. The session is left as it was.",
+    )
     fetch_files: list[str] = Field(
         default_factory=list,
         max_length=MAX_FILES,
@@ -138,4 +144,9 @@ class PythonObservation(BaseModel):
     )
     files_missing: dict[str, str] | None = Field(
         None, description="With `fetch_files`: each path not returned, and why."
+    )
+    session_files_skipped: dict[str, str] | None = Field(
+        None,
+        description="Grade steps: the session's files not copied into the grader's sandbox (symbolic links, "
+        "FIFOs, past the size budget), and why.",
     )

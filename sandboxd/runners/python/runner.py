@@ -29,7 +29,8 @@ from sandboxd.runners.python.config import (
 )
 from sandboxd.runners.python.jail import Executor, Jail, Output, run_step
 from sandboxd.runners.python.jailside import wire
-from sandboxd.runners.python.models import PythonAction, PythonObservation
+from sandboxd.runners.python.models import MAX_FILES, PythonAction, PythonObservation
+from sandboxd.runners.python.snapshot import read_workdir
 
 log = logging.getLogger(__name__)
 
@@ -292,6 +293,10 @@ class PythonRunner:
         return header, b"".join(data for _, data in files) + stdin + code
 
     async def step(self, action: PythonAction, session_id: str | None, limits: StepLimits) -> StepOutcome:
+        if action.grade:
+            if session_id is None:
+                raise BadRequest("grade is for session steps: it grades a session's files in a fresh sandbox")
+            return await self._grade(session_id, action, limits)
         header, body = self._request(action, limits)
         if session_id is not None:
             if action.fetch_files:
@@ -545,6 +550,33 @@ class PythonRunner:
             if not outcome.session_alive:
                 await self._drop_session(sess)
             return outcome
+
+    async def _grade(self, session_id: str, action: PythonAction, limits: StepLimits) -> StepOutcome:
+        """A one-shot in a fresh sandbox over a copy of the session's files (``snapshot.py``), taken while no
+        cell runs; the grader never shares an interpreter, a process or a namespace with the policy's code."""
+        sess = self.sessions.get(session_id)
+        if sess is None:
+            raise UnknownSession(f"no Python session {session_id} on worker {self.name}")
+        async with sess.lock:
+            if not sess.executor.alive():
+                await self._drop_session(sess)
+                raise SessionLost(f"session {session_id}: its sandbox is gone")
+            snap = await asyncio.to_thread(read_workdir, sess.executor.host_pid, MAX_FILES, self.cfg.max_files_bytes)
+        given = dict(zip(action.files, (data for _, data in action.file_bytes()), strict=True))
+        files = {**snap.files, **given}
+        if sum(len(v) for v in files.values()) > self.cfg.max_files_bytes:
+            raise BadRequest(f"the session's files and the step's pass max_files_bytes {self.cfg.max_files_bytes}")
+        oneshot = action.model_copy(
+            update={
+                "grade": False,
+                "files": {p: base64.b64encode(v).decode() for p, v in files.items()},
+                "file_encoding": "base64",
+            }
+        )
+        outcome = await self.step(oneshot, None, limits)
+        if snap.skipped and isinstance(outcome.observation, PythonObservation):
+            outcome.observation.session_files_skipped = snap.skipped
+        return outcome
 
     async def close_session(self, session_id: str) -> None:
         sess = self.sessions.get(session_id)
