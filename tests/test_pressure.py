@@ -261,3 +261,36 @@ def test_the_node_budget_refuses_sessions_before_the_pod_kills_anyone() -> None:
                         assert (await step(a, "print(len(x) >> 20)", sid))["observation"]["stdout"] == "200\n"
 
             asyncio.run(scenario())
+
+
+def test_a_tenant_holding_every_session_gives_way_to_one_below_its_share() -> None:
+    """Sessions cannot be taken back: A alone takes all four of the kind's; B is refused (429, capacity).
+    The session A frees next is B's: A, at or above its share while B waits below its own, is refused it."""
+    settings = {
+        "runners": '["python"]',
+        "workers": 1,
+        "api_keys": json.dumps([KEY_A, KEY_B]),
+        "python__slots_per_worker": 1,
+        "python__burst_slots_per_worker": 0,
+        "python__max_sessions_per_worker": 4,
+    }
+    with running_node_in((), **settings) as base:
+
+        async def scenario() -> None:
+            async with tenant(base, KEY_A) as a, tenant(base, KEY_B) as b:
+                held = await open_sessions(a, 4)  # alone: the whole kind
+                r = await b.post("/sessions", json={"runner": "python"})
+                assert r.status_code == 429 and r.json()["error"]["blame"] == "infra", r.text
+                await a.delete(f"/sessions/{held.pop()}")
+                r = await a.post("/sessions", json={"runner": "python"})
+                assert r.status_code == 429 and "share" in r.text, r.text  # B waits below its share: B's turn
+                r = await b.post("/sessions", json={"runner": "python"})
+                assert r.status_code == 201, r.text
+                mine = r.json()["session_id"]
+                assert (await step(b, "print('B in')", mine))["observation"]["stdout"] == "B in\n"
+                await close_sessions(a, held)
+                await b.delete(f"/sessions/{mine}")
+                again = await open_sessions(a, 4)  # B no longer waits: A alone again takes everything
+                await close_sessions(a, again)
+
+        asyncio.run(scenario())

@@ -42,7 +42,7 @@ from sandboxd.errors import (
     UnknownRunner,
     UnknownSession,
 )
-from sandboxd.ids import new_session_id, worker_of
+from sandboxd.ids import new_session_id, tenant_of_key, worker_of
 from sandboxd.links import Channel, Header
 from sandboxd.metrics import MULTIPROC_ENV
 from sandboxd.node.budget import node_budget
@@ -66,7 +66,13 @@ class NodeCore:
         self.incarnation = secrets.token_hex(8)
         registry = kinds()
         self.kinds = {k: registry[k] for k in settings.runners}
-        self.ledger = Ledger(settings.tenant_max_sessions, node_budget(settings))
+        caps = {
+            k: sum(kind.hosted_by(i, settings.runner_config(k)) for i in range(settings.worker_count()))
+            * int(getattr(settings.runner_config(k), "max_sessions_per_worker", 1 << 20))
+            for k, kind in self.kinds.items()
+        }
+        weights = {tenant_of_key(key): w for key, w in settings.tenant_weights.items()}
+        self.ledger = Ledger(settings.tenant_max_sessions, node_budget(settings), caps, weights)
         self.kv = MemoryKV(settings.idempotency_max_entries)
         self.workers: Workers | None = None
         self.board: Board | None = None
@@ -253,7 +259,12 @@ class NodeCore:
         options = h.get("options") or {}
         kind.parse_options(options)
         self.ledger.check_room(tenant, 1)
-        self.ledger.check_budget(runner, 1)
+        self.ledger.check_share(tenant, runner)
+        try:
+            self.ledger.check_budget(runner, 1)
+        except Saturated:  # the node's capacity, not the tenant's quota: it waits for its share
+            self.ledger.note_refused(tenant, runner)
+            raise
         ttl, idle = self._lifetimes(h.get("ttl_s"), h.get("idle_timeout_s"))
         alive = {w.index: w for w in self._alive(runner)}
         if not alive:
@@ -263,7 +274,12 @@ class NodeCore:
         assert w.link is not None
         with self.ledger.opening(tenant, runner, w.index, 1):
             fields = {"session_id": sid, "runner": runner, "tenant": tenant, "options": options}
-            _, info = await w.link.call("open", {**fields, "ttl_s": ttl, "idle_s": idle})
+            try:
+                _, info = await w.link.call("open", {**fields, "ttl_s": ttl, "idle_s": idle})
+            except Saturated:  # a worker's session cap
+                self.ledger.note_refused(tenant, runner)
+                raise
+            self.ledger.note_served(tenant, runner)
             if self.cluster is not None:
                 try:
                     await self.cluster.directory.put(sid, tenant, runner, ttl)

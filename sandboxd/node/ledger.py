@@ -12,11 +12,18 @@ The ledger also keeps the node's budget: the memory and pids its sandboxes may t
 opening or copied) is charged its kind's ``session_reservation`` while it lives. A session that would
 pass the budget is a 429 (infra): refused at the door rather than killed later by a limit above its own
 (the pod's), where the kill would land on whoever allocates next.
+
+Fair share of sessions: sessions cannot be taken back, so a tenant alone may hold a kind's whole
+capacity; but once another tenant is refused for capacity (the budget, a worker's cap), and it holds
+less than its weighted share of the kind (``tenant_weights``), a tenant at or above its own share gets
+no new session of that kind until the starved one is served or stops asking (``STARVED_S`` after its
+last refusal): the capacity the first frees goes to the second.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,10 +49,23 @@ class Budget:
     per_session: dict[str, Reservation]  # by runner kind
 
 
+STARVED_S = 30.0  # a tenant refused for capacity counts as waiting this long after its last refusal
+
+
 class Ledger:
-    def __init__(self, tenant_max_sessions: int, budget: Budget | None = None) -> None:
+    def __init__(
+        self,
+        tenant_max_sessions: int,
+        budget: Budget | None = None,
+        caps: dict[str, int] | None = None,
+        weights: dict[str, float] | None = None,
+    ) -> None:
         self.cap = tenant_max_sessions
         self.budget = budget
+        self.caps = caps or {}  # sessions of each kind the node's workers hold at most
+        self.weights = weights or {}
+        self.by_tenant_runner: Counter[tuple[str, str]] = Counter()
+        self.starved: dict[tuple[str, str], float] = {}  # (tenant, runner) -> when it was last refused
         self.sessions: dict[str, Entry] = {}
         self.by_tenant: Counter[str] = Counter()
         self.by_worker: Counter[tuple[str, int]] = Counter()
@@ -93,6 +113,55 @@ class Ledger:
                     retry_after_s=5.0,
                 )
 
+    def capacity(self, runner: str) -> int:
+        """Sessions of ``runner`` the node can hold: its workers' caps, or fewer when the budget says so."""
+        cap = self.caps.get(runner, 1 << 30)
+        if self.budget is None:
+            return cap
+        each = self.budget.per_session.get(runner, Reservation())
+        room = (
+            self.budget.limit.memory_bytes - self.budget.pools.memory_bytes,
+            self.budget.limit.pids - self.budget.pools.pids,
+        )
+        fits = [r // n for r, n in zip(room, (each.memory_bytes, each.pids), strict=True) if n > 0]
+        return max(0, min([cap, *fits]))
+
+    def _weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, 1.0)
+
+    def check_share(self, tenant: str, runner: str) -> None:
+        """A 429 for a tenant at or above its share of ``runner`` while a tenant below its own is refused."""
+        now = time.monotonic()
+        for key, at in list(self.starved.items()):
+            if now - at > STARVED_S:
+                del self.starved[key]
+        waiting = [t for (t, r) in self.starved if r == runner and t != tenant]
+        if not waiting:
+            return
+        active = {t for (t, r), n in self.by_tenant_runner.items() if r == runner and n > 0}
+        tenants = active | set(waiting) | {tenant}
+        total = sum(self._weight(t) for t in tenants)
+        capacity = self.capacity(runner)
+
+        def share(t: str) -> float:
+            return capacity * self._weight(t) / total
+
+        below = [t for t in waiting if self.by_tenant_runner[(t, runner)] < share(t)]
+        held = self.by_tenant_runner[(tenant, runner)]
+        if below and held >= share(tenant):
+            raise Saturated(
+                f"{runner}: the node's {capacity} sessions are taken and a tenant below its share is waiting; "
+                f"this tenant holds {held}, its share is {share(tenant):.0f}: close some, or retry later",
+                retry_after_s=5.0,
+            )
+
+    def note_refused(self, tenant: str, runner: str) -> None:
+        """``tenant`` was refused a session of ``runner`` for lack of capacity: it waits for its share."""
+        self.starved[(tenant, runner)] = time.monotonic()
+
+    def note_served(self, tenant: str, runner: str) -> None:
+        self.starved.pop((tenant, runner), None)
+
     def place(self, runner: str, workers: list[int]) -> int:
         """The hosting worker with the fewest sessions of ``runner`` (and opens in flight)."""
         return min(workers, key=lambda w: self.by_worker[(runner, w)] + self.opening_by_worker[(runner, w)])
@@ -114,6 +183,7 @@ class Ledger:
             return
         self.sessions[session_id] = entry
         self.by_tenant[entry.tenant] += 1
+        self.by_tenant_runner[(entry.tenant, entry.runner)] += 1
         self.by_worker[(entry.runner, entry.worker)] += 1
 
     def remove(self, session_id: str) -> Entry | None:
@@ -122,6 +192,9 @@ class Ledger:
             self.by_tenant[entry.tenant] -= 1
             if not self.by_tenant[entry.tenant]:
                 del self.by_tenant[entry.tenant]
+            self.by_tenant_runner[(entry.tenant, entry.runner)] -= 1
+            if not self.by_tenant_runner[(entry.tenant, entry.runner)]:
+                del self.by_tenant_runner[(entry.tenant, entry.runner)]
             self.by_worker[(entry.runner, entry.worker)] -= 1
         return entry
 
