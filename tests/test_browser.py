@@ -295,6 +295,20 @@ def chromium_pids(marker: str) -> list[int]:
     return found
 
 
+async def test_the_browser_yields_the_cpu_to_lighter_work(http: httpx.AsyncClient) -> None:
+    """Under contention the browser's group weighs a quarter of a sibling (cpu_weight 25): tool calls, game
+    steps and python cells of the same worker go first (B9's light kinds doubled their p99 beside it)."""
+    ready = (await http.get("/readyz")).json()
+    groups = [
+        p for p in Path("/sys/fs/cgroup/cpu").glob(f"**/{ready['node_id']}-{ready['pid']}-w*-browser") if p.is_dir()
+    ]
+    if not Path("/sys/fs/cgroup/cpu").is_dir():
+        pytest.skip("cgroup v1 cpu controller is what this reads")
+    assert groups, "no browser cgroup found"
+    for g in groups:
+        assert int((g / "cpu.shares").read_text()) == 256, g
+
+
 async def test_a_browser_that_dies_is_replaced_and_its_sessions_are_lost(http: httpx.AsyncClient) -> None:
     sid = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
     assert (await browse(http, ADD, sid))["ok"]

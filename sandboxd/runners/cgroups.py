@@ -147,6 +147,18 @@ class CgroupGroup:
         except OSError as exc:
             raise SandboxSetupError(f"cannot set the cgroup CPU quota: {exc}") from exc
 
+    def set_weight(self, weight: int) -> None:
+        """The group's CPU weight among its siblings (v2 ``cpu.weight``, 100 = default; v1 ``cpu.shares``)."""
+        try:
+            if self.version == 1:
+                d = self.dirs.get("cpu")
+                if d is not None:
+                    (d / "cpu.shares").write_text(str(max(2, weight * 1024 // 100)))
+            else:
+                (self.dirs["unified"] / "cpu.weight").write_text(str(weight))
+        except OSError as exc:
+            raise SandboxSetupError(f"cannot set the cgroup CPU weight: {exc}") from exc
+
     def add(self, pid: int) -> None:
         try:
             for f in self.procs_files:

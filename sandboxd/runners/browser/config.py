@@ -56,6 +56,14 @@ class BrowserRunnerConfig(RunnerConfig):
     cpu_cores: float = Field(
         2.0, gt=0, le=64, description="CPU quota (cgroup cpu) of one browser, in cores (a browser per 2 vCPUs)."
     )
+    cpu_weight: int = Field(
+        25,
+        ge=1,
+        le=10_000,
+        description="CPU weight of the browser's group against the worker's other sandboxes and its light kinds "
+        "(100 = the same; cgroup v2 cpu.weight, v1 cpu.shares x 10.24): under contention tool calls, game steps "
+        "and python cells go first, the browser takes what is left (it is never starved: a weight, not a cap).",
+    )
     shm_mb: int = Field(256, ge=16, description="Size of the browser's private /dev/shm.")
     tmpfs_mb: int = Field(256, ge=16, description="Size of the browser's private /tmp (profile, cache).")
     action_timeout_ms: int = Field(500, ge=10, le=60_000, description="Default time limit of one action.")

@@ -148,6 +148,7 @@ class BrowserRunner:
         self.cgroup = self.root.slot("chromium")
         self.cgroup.set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
         self.cgroup.set_cpu(self.cfg.cpu_cores)
+        self.root.group.set_weight(self.cfg.cpu_weight)  # the browser's root: a sibling of the worker's others
         self.launcher = write_launcher(self.cfg, self.dir, self.cgroup.procs_files)
         self.pw = await async_playwright().start()
         await self._launch()
