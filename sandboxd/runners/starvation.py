@@ -11,6 +11,10 @@ Waiting because of the sandbox's *own* CPU quota is the program's doing (too man
 cores): the kernel counts that wait too, so a group throttled during the step gets nothing back.
 Only the executor's threads are counted (a program's child processes are not): the rule can miss
 starvation, never invent it.
+
+Where a runner cannot count its sandbox's waits (a browser's renderers are Chromium's, shared by every
+session), ``CpuPressure`` reads the kernel's pressure stall counter (``/proc/pressure/cpu``: time some
+runnable task waited for a CPU) across an action instead.
 """
 
 from __future__ import annotations
@@ -66,3 +70,27 @@ class Starvation:
         give = min(owed, room)
         self.given_s += give
         return give
+
+
+class CpuPressure:
+    """The machine's CPU stall time (PSI ``some``), in seconds; 0 where the kernel does not keep it."""
+
+    PATH = "/proc/pressure/cpu"
+
+    def __init__(self) -> None:
+        try:
+            self._fd = os.open(self.PATH, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd = -1
+
+    def stalled_s(self) -> float:
+        if self._fd < 0:
+            return 0.0
+        try:
+            first = os.pread(self._fd, 256, 0).split(b"\n", 1)[0]  # some avg10=.. avg60=.. avg300=.. total=<us>
+            return int(first.rsplit(b"total=", 1)[1]) / 1e6
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+
+CONTENDED_SHARE = 0.2  # stalled this share of an action's time or more: the action was starved, not slow

@@ -33,7 +33,7 @@ from playwright.async_api import Browser, BrowserContext, CDPSession, Page, Play
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
-from sandboxd.errors import BadRequest, SandboxSetupError, Saturated, SessionLost, UnknownSession
+from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError, Saturated, SessionLost, UnknownSession
 from sandboxd.runners.base import (
     ProgramFailure,
     RunnerContext,
@@ -47,12 +47,14 @@ from sandboxd.runners.browser.config import BrowserRunnerConfig
 from sandboxd.runners.browser.jail import write_launcher
 from sandboxd.runners.browser.sites import BLANK_PATH, HEAD_LIMIT, RESOLVER_RULES, Sites, browser_netns, listen_in_netns
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot
+from sandboxd.runners.starvation import CONTENDED_SHARE, CpuPressure
 
 log = logging.getLogger(__name__)
 
 LAUNCH_TIMEOUT_MS = 60_000
 CLOSE_TIMEOUT_S = 5.0
 TITLE_TIMEOUT_S = 0.5  # a hung page has no title worth waiting for
+STARVED_CHECK_S = 2.0  # after a timeout under contention: how long to look for what the action waited for
 FORK_PARALLEL = 4  # copies of one fork made at once
 RESET_TIMEOUT_S = 5.0  # a context that cannot be reset in this long is thrown away
 # Counts the trusted clicks each document receives, under a name a page's own scripts cannot redefine
@@ -136,7 +138,9 @@ class BrowserRunner:
             "browser_deaths": 0,
             "pages_closed": 0,
             "clicks_resent": 0,
+            "node_pressure": 0,
         }
+        self.pressure = CpuPressure()
 
     def capacity(self) -> int:
         return self.cfg.slots_per_worker
@@ -420,6 +424,7 @@ class BrowserRunner:
         default_ms = self.cfg.goto_timeout_ms if is_goto else self.cfg.action_timeout_ms
         timeout_ms = min(act.timeout_ms or default_ms, max(1.0, left_s * 1000))
         t = time.monotonic()
+        stalled0 = self.pressure.stalled_s()
         value: str | None = None
         error: str | None = None
         try:
@@ -428,8 +433,10 @@ class BrowserRunner:
             error = f"timed out after {timeout_ms:g} ms" + (
                 f" waiting for {act.selector!r}" if getattr(act, "selector", None) else ""
             )
+            await self._starved(page, act, time.monotonic() - t, stalled0)
         except TimeoutError:
             error = f"timed out after {timeout_ms:g} ms (the page did not answer)"
+            await self._starved(page, act, time.monotonic() - t, stalled0)
         except PlaywrightError as exc:
             error = _short(exc.message)
         except ActionRefused as exc:
@@ -446,6 +453,29 @@ class BrowserRunner:
             url=page.url,
             title=tab.title,
             value=value,
+        )
+
+    async def _starved(self, page: Page, act: Any, elapsed_s: float, stalled0: float) -> None:
+        """A timed-out action is the node's failure (``NodePressure``), not the program's, when the machine's
+        CPUs were contended for a good share of it and what it waited for is there now (no selector, or one
+        that matches): every session shares one browser, and another tenant's forks or trajectories can
+        keep its renderers off the CPU past a 500 ms action limit. A selector that matches nothing is the
+        program's miss, however busy the node was."""
+        stalled = self.pressure.stalled_s() - stalled0
+        if elapsed_s <= 0 or stalled < CONTENDED_SHARE * elapsed_s:
+            return
+        selector = getattr(act, "selector", None)
+        if selector:
+            try:
+                found = await asyncio.wait_for(page.locator(selector).count(), STARVED_CHECK_S)
+            except (PlaywrightError, TimeoutError):
+                return
+            if not found:
+                return
+        self.stats["node_pressure"] += 1
+        raise NodePressure(
+            f"a {act.action} action timed out while the node's CPUs were contended for {stalled / elapsed_s:.0%} of "
+            "it" + (f", and {selector!r} is on the page" if selector else "") + ": not the program's failure"
         )
 
     async def _do(self, page: Page, act: Any, site: str, timeout_ms: float) -> str | None:
