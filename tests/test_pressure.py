@@ -294,3 +294,39 @@ def test_a_tenant_holding_every_session_gives_way_to_one_below_its_share() -> No
                 await close_sessions(a, again)
 
         asyncio.run(scenario())
+
+
+STARVES_ITSELF = """
+import os, sys, time, threading
+def _starve(*_):
+    os.sched_setaffinity(0, {0})
+    if os.fork() == 0:
+        while True:
+            if os.fork(): os._exit(0)
+            s = time.process_time()
+            while time.process_time() - s < 1.5:
+                t = time.perf_counter()
+                while time.perf_counter() - t < 0.006: pass
+                time.sleep(0.004)
+    os.nice(19)
+    for _ in range(8):
+        threading.Thread(target=lambda: [time.sleep(0.0005) for _ in iter(int, 1)], daemon=True).start()
+    while True:
+        time.sleep(0.01)
+        try: os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError: pass
+sys.excepthook = _starve
+def solution(x): return x + 2
+assert solution(1) == 2
+"""
+
+
+async def test_a_program_that_starves_itself_is_timed_out_as_its_own(node: str) -> None:
+    """Found by the red team: pinned to one CPU behind its own busy child, with threads queueing there, a
+    failing program's waits were given back and then reported as node_pressure (infra: masked, a wrong
+    answer never scored). Waits count only when the machine was busy and the sandbox did not get its CPU."""
+    async with tenant(node, KEY_B) as b:
+        for _ in range(2):
+            r = await step(b, STARVES_ITSELF, timeout_s=2)
+            assert r["http_status"] == 200 and blame(r) == "program", r
+            assert r["error"]["code"] == "program_timeout", r

@@ -36,7 +36,7 @@ from sandboxd.errors import SandboxSetupError
 log = logging.getLogger("sandboxd.cgroups")
 
 V1_CONTROLLERS = ("memory", "pids")
-V1_OPTIONAL = ("cpu",)  # used where mounted: a CPU quota per sandbox
+V1_OPTIONAL = ("cpu", "cpuacct")  # used where mounted: a CPU quota per sandbox, and its CPU time
 CPU_PERIOD_US = 100_000
 AT_LIMIT_BYTES = 2 << 20  # a v1 peak this close to the limit reached it (charges come in batches of 64 pages)
 
@@ -211,6 +211,13 @@ class CgroupGroup:
         """CFS periods in which the group ran out of its own CPU quota (0 without a cpu controller)."""
         d = self.dirs.get("cpu" if self.version == 1 else "unified")
         return _parse_kv(self._pread(f"{d}/cpu.stat")).get("nr_throttled", 0) if d is not None else 0
+
+    def cpu_usage_s(self) -> float:
+        """CPU seconds used by everything in the group so far (0 without the accounting)."""
+        if self.version == 1:
+            d = self.dirs.get("cpuacct")
+            return int(self._pread(f"{d}/cpuacct.usage") or 0) / 1e9 if d is not None else 0.0
+        return _parse_kv(self._pread(f"{self.dirs['unified']}/cpu.stat")).get("usage_usec", 0) / 1e6
 
     def pids_refused_here(self) -> bool:
         """Whether a refused fork counted in this group can have been its own limit's doing.

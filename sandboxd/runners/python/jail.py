@@ -26,7 +26,6 @@ import select
 import shlex
 import signal
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -496,12 +495,13 @@ async def run_step(
     kill_at: int,
     session: bool,
     grace_s: float,
-    throttled: Callable[[], int] | None = None,
+    cgroup: CgroupGroup | None = None,
+    cores: float = 1.0,
 ) -> tuple[dict[str, Any], Output]:
     """Feed one request to ``ex``; collect output; enforce the wall clock and the output cap.
 
-    ``throttled``: the sandbox group's count of CPU-quota throttles; given, time the program was kept off
-    the CPU by others is given back at the deadline (``starvation.py``)."""
+    ``cgroup``: the sandbox's group (its ``cores`` of quota); given, time the program was kept off the CPU
+    by others is given back at the deadline (``starvation.py``)."""
     loop = asyncio.get_running_loop()
     out = Output(cap, kill_at)
     done: asyncio.Future[None] = loop.create_future()
@@ -533,7 +533,11 @@ async def run_step(
     step_exit: dict[str, Any] | None = None
     try:
         await loop.sock_sendall(ex.sock, wire.encode(header, body))
-        starvation = None if throttled is None else Starvation(ex.host_pid, timeout_s, throttled, fresh=not session)
+        starvation = None
+        if cgroup is not None:
+            starvation = Starvation(
+                ex.host_pid, timeout_s, cgroup.throttled_periods, cgroup.cpu_usage_s, cores, fresh=not session
+            )
         # One-shot: the program is done when its executor (init of its pid namespace) exits, not when
         # its pipes close: a program that closes stdout and stderr and sleeps is still running.
         waiter: asyncio.Future[Any] = (

@@ -31,6 +31,7 @@ from sandboxd.runners.python.jail import Executor, Jail, Output, run_step
 from sandboxd.runners.python.jailside import wire
 from sandboxd.runners.python.models import MAX_FILES, PythonAction, PythonObservation
 from sandboxd.runners.python.snapshot import read_workdir
+from sandboxd.runners.starvation import host_load
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,7 @@ class PythonRunner:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        host_load.start()
         self.root = CgroupRoot(self.name, Path(self.cfg.cgroup_mount), self.cfg.cgroup_version or None)
         mem = self.cfg.memory_mb << 20
         jobs = []
@@ -382,7 +384,7 @@ class PythonRunner:
         grace = self.cfg.interrupt_grace_s if session else 0.0
         cap, kill_at = header["max_output_bytes"], self.cfg.output_kill_bytes
         return await run_step(
-            executor, header, body, limits.timeout_s, cap, kill_at, session, grace, cg.throttled_periods
+            executor, header, body, limits.timeout_s, cap, kill_at, session, grace, cg, self.cfg.cpu_cores
         )
 
     async def _run_in(
