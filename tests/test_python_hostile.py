@@ -203,6 +203,39 @@ async def test_background_processes_are_reaped(http: httpx.AsyncClient) -> None:
         await http.delete(f"/sessions/{sid}")
 
 
+OOM_ADJ_LOWERED = '''
+import os, sys
+S2 = """
+import os, sys
+try:
+    with open("/proc/self/oom_score_adj", "w") as f: f.write("0")
+    print("lowered", flush=True)
+except OSError as e:
+    print("kept", e.errno, flush=True)
+chunk = b"x" * (1 << 20)
+fds = []
+while True:
+    fd = os.memfd_create("fill"); fds.append(fd)
+    for _ in range(60):
+        os.write(fd, chunk)
+"""
+os.execv(sys.executable, [sys.executable, "-S", "-c", S2])
+'''
+
+
+async def test_a_program_cannot_make_the_oom_killer_take_its_jail(http: httpx.AsyncClient) -> None:
+    """Found by the red team: exec'd (dumpable again), a program lowered its own oom_score_adj and filled
+    unmapped memfds to its limit; the OOM killer took the slot's zygote, and the step came back 503
+    sandbox_setup_failed (infra, masked) instead of its own program_killed. (Keeping the jail out of the
+    killer's reach needs CAP_SYS_RESOURCE, which pods and this machine do not give: the kill is judged by
+    whose limit it was instead, and the jail restarts.)"""
+    for _ in range(2):
+        r = await run(http, OOM_ADJ_LOWERED, timeout_s=20)
+        assert r["error"]["blame"] == "program" and r["error"]["code"] == "program_killed", r
+        assert r["observation"]["killed_by"] == "memory" and "memory" in r["observation"]["limits_hit"], r
+    await still_healthy(http)
+
+
 async def test_session_killed_by_memory_ends_only_that_session(http: httpx.AsyncClient) -> None:
     bomb = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
     calm = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]

@@ -399,9 +399,17 @@ class PythonRunner:
             raise SandboxSetupError(f"sandbox {jail.name} stopped answering: {exc!r}") from exc
         finally:
             executor.close()
+        after = cg.counters()
         if result.get("lost"):
-            raise SandboxSetupError(f"sandbox {jail.name}: its jail ended mid-step")
-        return self._observation(result, out, before, cg.counters(), cg)
+            if after.oom_kills > before.oom_kills and after.memory_limit_hits > before.memory_limit_hits:
+                # Its own memory took the jail down: at its slot's limit the OOM killer chose the zygote (a
+                # program can lower its own oom_score_adj, and unmapped memfds count in nobody's RSS). The
+                # jail restarts on the next take; the verdict is the program's, as for any kill at its limit.
+                await jail.stop()
+                result.update(exit_code=None, signal=9, killed_by="memory", lost=False)
+            else:
+                raise SandboxSetupError(f"sandbox {jail.name}: its jail ended mid-step")
+        return self._observation(result, out, before, after, cg)
 
     def _observation(
         self,
