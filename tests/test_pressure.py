@@ -330,3 +330,34 @@ async def test_a_program_that_starves_itself_is_timed_out_as_its_own(node: str) 
             r = await step(b, STARVES_ITSELF, timeout_s=2)
             assert r["http_status"] == 200 and blame(r) == "program", r
             assert r["error"]["code"] == "program_timeout", r
+
+
+async def test_a_fork_bomb_does_not_leave_its_slot_blaming_the_next_program(node: str, pod: CgroupGroup) -> None:
+    """Found by the red team: on cgroup v1 a slot's pids.peak never falls, so after one fork bomb in a slot
+    a later refusal by the pod's limit looked like the slot's own, and an honest program that could not
+    start its threads while another tenant held the pod's pids came back program_exit ['pids']."""
+    bomb = "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"
+    honest = (
+        "import threading, time, sys\ntime.sleep(0.4)\n"
+        "ts = [threading.Thread(target=time.sleep, args=(0.1,)) for _ in range(4)]\n"
+        "for t in ts: t.start()\nfor t in ts: t.join()\nprint('ok')"
+    )
+    pulse = (
+        "import os, time\nfor _ in range(60):\n    try: pid = os.fork()\n    except OSError: break\n"
+        "    if pid == 0:\n        time.sleep(1.0); os._exit(0)\ntime.sleep(1.2)"
+    )
+    async with tenant(node, KEY_A) as a, tenant(node, KEY_B) as b:
+        for _ in range(8):  # every slot (two, and two burst) has run a fork bomb
+            r = await step(a, bomb, timeout_s=1)
+            assert blame(r) == "program" and "pids" in r["observation"]["limits_hit"], r
+        sid = (await open_sessions(a, 1))[0]
+        _, base = pod_usage(pod)
+        try:
+            set_pod(pod, pids=base + 50)
+            for _ in range(3):
+                held, r = await asyncio.gather(step(a, pulse, sid, timeout_s=5), step(b, honest, timeout_s=5))
+                assert blame(r) != "program", r
+                assert r["ok"] or r["error"]["code"] == "node_pressure", r
+        finally:
+            set_pod(pod, pids=-1)
+            await close_sessions(a, [sid])

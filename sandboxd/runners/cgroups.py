@@ -104,6 +104,8 @@ class CgroupGroup:
         self.version = version
         self.memory_limit = 0  # set_limits' (0: none set here)
         self._fds: dict[str, int] = {}  # counter files kept open: a pread is ~2 us, an open-read-close ~27
+        self._generation = 0  # renew_pids' fresh groups
+        self._pids_local_seen = 0  # v2: pids.events.local max at the last counters(start=True)
 
     @property
     def procs_files(self) -> list[Path]:
@@ -205,6 +207,9 @@ class CgroupGroup:
             events = _parse_kv(self._pread(f"{self.dirs['unified']}/memory.events"))
             oom, hits = events.get("oom_kill", 0), events.get("max", 0)
             pids = _parse_kv(self._pread(f"{self.dirs['unified']}/pids.events")).get("max", 0)
+            if start:
+                local = _parse_kv(self._pread(f"{self.dirs['unified']}/pids.events.local"))
+                self._pids_local_seen = local.get("max", 0)
         return Counters(oom, pids, hits)
 
     def throttled_periods(self) -> int:
@@ -222,11 +227,14 @@ class CgroupGroup:
     def pids_refused_here(self) -> bool:
         """Whether a refused fork counted in this group can have been its own limit's doing.
 
-        Not when the group never reached its own ``pids.max`` (``pids.peak``), nor while an ancestor (the
-        node's group, its pod's) is at its own: the kernel counts the refusal here either way. Unknown
-        (no ``pids.peak``): the group's, as before this could be told.
+        v2 (``pids.events.local``, kernel 6.12+): exactly, its own ``max`` hits. v1 counts a refusal in the
+        forking group whichever limit refused it, so: not when the group never reached its own
+        ``pids.max`` (``pids.peak``, which only rises: ``renew_pids`` gives a slot a fresh group once it
+        has), nor while an ancestor (the node's group, its pod's) is at its own. Unknown: the group's.
         """
         d = self.dirs["pids" if self.version == 1 else "unified"]
+        if self.version == 2 and (d / "pids.events.local").exists():
+            return _read_kv(d / "pids.events.local").get("max", 0) > self._pids_local_seen
         peak, limit = _read_int(d / "pids.peak", -1), _read_limit(d / "pids.max")
         if peak >= 0 and limit is not None and peak < limit:
             return False
@@ -237,6 +245,37 @@ class CgroupGroup:
             if cap is not None and _read_int(parent / "pids.current") >= cap:
                 return False
         return True
+
+    def pids_peak_reached(self) -> bool:
+        """v1: the group's ``pids.peak`` stands at its ``pids.max`` (a fork bomb ran here), so that later
+        refusals could no longer be told apart (``renew_pids``)."""
+        if self.version != 1:
+            return False
+        d = self.dirs["pids"]
+        limit = _read_limit(d / "pids.max")
+        return limit is not None and _read_int(d / "pids.peak", -1) >= limit
+
+    def renew_pids(self) -> None:
+        """v1: move everything in this group's pids group to a fresh one with the same limit (the pids
+        controller moves the charges), and remove the old: its peak starts again from what is there."""
+        old = self.dirs["pids"]
+        self._generation += 1
+        new = old.parent / f"{old.name.split('~')[0]}~{self._generation}"
+        new.mkdir(exist_ok=True)
+        (new / "pids.max").write_text((old / "pids.max").read_text().strip())
+        for _ in range(50):  # a fork in flight lands in the old group: move until it is empty
+            pids = [p for p in (old / "cgroup.procs").read_text().split() if p]
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(OSError):  # gone meanwhile
+                    (new / "cgroup.procs").write_text(pid)
+        self.dirs["pids"] = new
+        for path in [p for p in self._fds if p.startswith(f"{old}/")]:
+            with contextlib.suppress(OSError):
+                os.close(self._fds.pop(path))
+        if not _kill_and_rmdir(old):
+            log.warning("cgroup %s: could not be removed after its processes moved to %s", old, new)
 
     def memory(self) -> tuple[int, int]:
         """Bytes charged now and the limit (0 when unreadable or unlimited)."""

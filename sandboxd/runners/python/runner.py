@@ -409,7 +409,12 @@ class PythonRunner:
                 result.update(exit_code=None, signal=9, killed_by="memory", lost=False)
             else:
                 raise SandboxSetupError(f"sandbox {jail.name}: its jail ended mid-step")
-        return self._observation(result, out, before, after, cg)
+        outcome = self._observation(result, out, before, after, cg)
+        if after.pids_max_hits > before.pids_max_hits and cg.pids_peak_reached():
+            # A fork bomb left the slot's peak at its limit for good (v1): later refusals by a parent's limit
+            # would be blamed on the program that meets them. The slot's pids group starts afresh.
+            await asyncio.to_thread(cg.renew_pids)
+        return outcome
 
     def _observation(
         self,
