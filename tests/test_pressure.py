@@ -355,9 +355,32 @@ async def test_a_fork_bomb_does_not_leave_its_slot_blaming_the_next_program(node
         try:
             set_pod(pod, pids=base + 50)
             for _ in range(3):
-                held, r = await asyncio.gather(step(a, pulse, sid, timeout_s=5), step(b, honest, timeout_s=5))
+                _, r = await asyncio.gather(step(a, pulse, sid, timeout_s=5), step(b, honest, timeout_s=5))
                 assert blame(r) != "program", r
                 assert r["ok"] or r["error"]["code"] == "node_pressure", r
         finally:
             set_pod(pod, pids=-1)
             await close_sessions(a, [sid])
+
+
+async def test_a_neighbours_cpu_bound_programs_leave_the_victim_near_its_unloaded_latency(node: str) -> None:
+    """A saturates the kind with CPU-bound one-shots (every slot, and more queued); B's short one-shots do
+    not queue behind them (below its share: a burst slot at once) and get the CPU when they wake (the
+    scheduler favours a task that slept): B's worst latency stays far below A's 3 s programs."""
+    spin = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 3: pass"
+    async with tenant(node, KEY_A) as a, tenant(node, KEY_B) as b:
+        unloaded = []
+        for _ in range(5):
+            t0 = time.monotonic()
+            assert (await step(b, "print(1)"))["ok"]
+            unloaded.append(time.monotonic() - t0)
+        hogs = [asyncio.ensure_future(step(a, spin, timeout_s=10)) for _ in range(6)]
+        await asyncio.sleep(0.5)
+        loaded = []
+        for _ in range(10):
+            t0 = time.monotonic()
+            r = await step(b, "print(1)")
+            loaded.append(time.monotonic() - t0)
+            assert r["ok"], r
+        await asyncio.gather(*hogs)
+        assert max(loaded) < 1.0, (sorted(loaded), sorted(unloaded))

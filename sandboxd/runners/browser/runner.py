@@ -139,6 +139,7 @@ class BrowserRunner:
             "pages_closed": 0,
             "clicks_resent": 0,
             "node_pressure": 0,
+            "starved_retries": 0,
         }
         self.pressure = CpuPressure()
 
@@ -424,23 +425,35 @@ class BrowserRunner:
         default_ms = self.cfg.goto_timeout_ms if is_goto else self.cfg.action_timeout_ms
         timeout_ms = min(act.timeout_ms or default_ms, max(1.0, left_s * 1000))
         t = time.monotonic()
-        stalled0 = self.pressure.stalled_s()
         value: str | None = None
         error: str | None = None
-        try:
-            value = await asyncio.wait_for(self._do(page, act, site, timeout_ms), timeout_ms / 1000 + 1.0)
-        except PlaywrightTimeout:
-            error = f"timed out after {timeout_ms:g} ms" + (
-                f" waiting for {act.selector!r}" if getattr(act, "selector", None) else ""
-            )
-            await self._starved(page, act, time.monotonic() - t, stalled0)
-        except TimeoutError:
-            error = f"timed out after {timeout_ms:g} ms (the page did not answer)"
-            await self._starved(page, act, time.monotonic() - t, stalled0)
-        except PlaywrightError as exc:
-            error = _short(exc.message)
-        except ActionRefused as exc:
-            error = str(exc)
+        retried = False
+        while True:
+            attempt_t, stalled0 = time.monotonic(), self.pressure.stalled_s()
+            try:
+                value = await asyncio.wait_for(self._do(page, act, site, timeout_ms), timeout_ms / 1000 + 1.0)
+                error = None
+                break
+            except PlaywrightTimeout:
+                error = f"timed out after {timeout_ms:g} ms" + (
+                    f" waiting for {act.selector!r}" if getattr(act, "selector", None) else ""
+                )
+            except TimeoutError:
+                error = f"timed out after {timeout_ms:g} ms (the page did not answer)"
+            except PlaywrightError as exc:
+                error = _short(exc.message)
+                break
+            except ActionRefused as exc:
+                error = str(exc)
+                break
+            starved = await self._starved(page, act, time.monotonic() - attempt_t, stalled0)
+            if not starved:
+                break
+            if retried or left_s - (time.monotonic() - t) < timeout_ms / 1000:
+                self.stats["node_pressure"] += 1
+                raise NodePressure(f"a {act.action} action timed out twice while {starved}: not the program's failure")
+            retried = True  # its time, given back once: the same action again
+            self.stats["starved_retries"] += 1
         if not tab.crashed and (tab.title is None or isinstance(act, NAVIGATING)):
             tab.title = None  # only actions that can change the document ask for the title again
             with contextlib.suppress(PlaywrightError, TimeoutError):
@@ -455,28 +468,26 @@ class BrowserRunner:
             value=value,
         )
 
-    async def _starved(self, page: Page, act: Any, elapsed_s: float, stalled0: float) -> None:
-        """A timed-out action is the node's failure (``NodePressure``), not the program's, when the machine's
+    async def _starved(self, page: Page, act: Any, elapsed_s: float, stalled0: float) -> str:
+        """Why a timed-out action was the node's doing, not the program's ("" when it was not): the machine's
         CPUs were contended for a good share of it and what it waited for is there now (no selector, or one
-        that matches): every session shares one browser, and another tenant's forks or trajectories can
-        keep its renderers off the CPU past a 500 ms action limit. A selector that matches nothing is the
+        that matches). Every session shares one browser, and another tenant's forks or trajectories can keep
+        its renderers off the CPU past a 500 ms action limit. Such an action gets its time again, once
+        (``_act``); starved twice, the step is ``NodePressure``. A selector that matches nothing is the
         program's miss, however busy the node was."""
         stalled = self.pressure.stalled_s() - stalled0
         if elapsed_s <= 0 or stalled < CONTENDED_SHARE * elapsed_s:
-            return
+            return ""
         selector = getattr(act, "selector", None)
         if selector:
             try:
                 found = await asyncio.wait_for(page.locator(selector).count(), STARVED_CHECK_S)
             except (PlaywrightError, TimeoutError):
-                return
+                return ""
             if not found:
-                return
-        self.stats["node_pressure"] += 1
-        raise NodePressure(
-            f"a {act.action} action timed out while the node's CPUs were contended for {stalled / elapsed_s:.0%} of "
-            "it" + (f", and {selector!r} is on the page" if selector else "") + ": not the program's failure"
-        )
+                return ""
+        where = f", and {selector!r} is on the page" if selector else ""
+        return f"the node's CPUs were contended for {stalled / elapsed_s:.0%} of it{where}"
 
     async def _do(self, page: Page, act: Any, site: str, timeout_ms: float) -> str | None:
         match act:
