@@ -19,9 +19,9 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from sandboxd.errors import SandboxSetupError, SessionLost, UnknownSession
+from sandboxd.errors import NodePressure, SandboxSetupError, SessionLost, UnknownSession
 from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
-from sandboxd.runners.cgroups import CgroupRoot
+from sandboxd.runners.cgroups import CgroupRoot, Counters
 from sandboxd.runners.jailconf import JAIL_UID
 from sandboxd.runners.sql import data
 from sandboxd.runners.sql.config import DUCKDB_HEADROOM_MB, SQLRunnerConfig
@@ -132,13 +132,13 @@ class SQLRunner:
 
     async def _run(self, engine: Engine, req: dict[str, Any], tpch: int | None, session_id: str | None) -> StepOutcome:
         self.stats["statements"] += 1
-        before = engine.cgroup.counters()
+        before = engine.cgroup.counters(start=True)
         deadline = float(req["timeout_s"]) + self.cfg.interrupt_grace_s + ANSWER_MARGIN_S
         watch = asyncio.ensure_future(self._watch_spill(engine))
         try:
             answer = await engine.request(req, deadline)
         except EngineGone as exc:
-            return await self._engine_ended(engine, req, tpch, session_id, before.oom_kills, str(exc))
+            return await self._engine_ended(engine, req, tpch, session_id, before, str(exc))
         finally:
             watch.cancel()
         engine.recycle = bool(answer.get("recycle"))
@@ -211,11 +211,14 @@ class SQLRunner:
         )
 
     async def _engine_ended(
-        self, engine: Engine, req: dict[str, Any], tpch: int | None, session_id: str | None, oom_before: int, why: str
+        self, engine: Engine, req: dict[str, Any], tpch: int | None, session_id: str | None, before: Counters, why: str
     ) -> StepOutcome:
-        """The engine died mid-statement: the statement's fault only if a limit of its own says so."""
+        """The engine died mid-statement: the statement's fault only if a limit of its own says so (an OOM
+        kill counts in the engine's group whichever limit was reached: its own, or the node's or pod's)."""
         by_us = engine.killed_by
-        oom = engine.cgroup.counters().oom_kills > oom_before
+        after = engine.cgroup.counters()
+        oom = after.oom_kills > before.oom_kills
+        own_memory = after.memory_limit_hits > before.memory_limit_hits
         await engine.close()
         self.stats["engines_killed"] += 1
         alive = session_id is None
@@ -228,8 +231,14 @@ class SQLRunner:
             return self._timed_out(req, tpch, float(req["timeout_s"]) * 1000, session_alive=alive)
         if by_us == "disk":
             return self._killed("disk", f"spill limit ({self.cfg.temp_mb} MiB of temp disk)", tpch, alive)
-        if oom:
+        if oom and own_memory:
             return self._killed("memory", f"memory limit ({self.cfg.memory_mb} MiB)", tpch, alive)
+        if oom:
+            self.stats["node_pressure"] = self.stats.get("node_pressure", 0) + 1
+            why = "killed for memory under its own limit: the node (or its pod) ran out of memory"
+            if session_id is not None:
+                raise SessionLost(f"session {session_id}: its SQL engine was {why}", session_id=session_id)
+            raise NodePressure(f"the SQL engine was {why}; retry")
         self.stats["engine_lost"] += 1
         if session_id is not None:
             raise SessionLost(
