@@ -33,7 +33,7 @@ from playwright.async_api import Browser, BrowserContext, CDPSession, Page, Play
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
-from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError, Saturated, SessionLost, UnknownSession
+from sandboxd.errors import BadRequest, SandboxSetupError, Saturated, SessionLost, UnknownSession
 from sandboxd.runners.base import (
     ProgramFailure,
     RunnerContext,
@@ -138,7 +138,7 @@ class BrowserRunner:
             "browser_deaths": 0,
             "pages_closed": 0,
             "clicks_resent": 0,
-            "node_pressure": 0,
+            "starved_twice": 0,
             "starved_retries": 0,
         }
         self.pressure = CpuPressure()
@@ -450,8 +450,11 @@ class BrowserRunner:
             if not starved:
                 break
             if retried or left_s - (time.monotonic() - t) < timeout_ms / 1000:
-                self.stats["node_pressure"] += 1
-                raise NodePressure(f"a {act.action} action timed out twice while {starved}: not the program's failure")
+                # Starved twice: still reported as the action's timeout (the benchmark's and the trainers'
+                # contract for a browser step is a 200 with per-action results), with the reason said.
+                self.stats["starved_twice"] += 1
+                error = f"{error}; {starved}"
+                break
             retried = True  # its time, given back once: the same action again
             self.stats["starved_retries"] += 1
         if not tab.crashed and (tab.title is None or isinstance(act, NAVIGATING)):
@@ -473,8 +476,8 @@ class BrowserRunner:
         CPUs were contended for a good share of it and what it waited for is there now (no selector, or one
         that matches). Every session shares one browser, and another tenant's forks or trajectories can keep
         its renderers off the CPU past a 500 ms action limit. Such an action gets its time again, once
-        (``_act``); starved twice, the step is ``NodePressure``. A selector that matches nothing is the
-        program's miss, however busy the node was."""
+        (``_act``); starved twice, its timeout is reported with this reason. A selector that matches
+        nothing is the program's miss, however busy the node was."""
         stalled = self.pressure.stalled_s() - stalled0
         if elapsed_s <= 0 or stalled < CONTENDED_SHARE * elapsed_s:
             return ""
