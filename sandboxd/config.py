@@ -340,6 +340,11 @@ class NodeSettings(BaseSettings):
     def worker_count(self) -> int:
         return self.workers or vcpus()
 
+    def hosting(self, kind: str) -> list[int]:
+        """The worker indexes that host ``kind`` (its placement: every worker, or the first N)."""
+        placed, cfg = self.kinds[kind], self.runner_config(kind)
+        return [i for i in range(self.worker_count()) if placed.hosted_by(i, cfg)]
+
     def front_count(self) -> int:
         """From the workers (a container sees every host CPU; ``workers`` says how many are the node's)."""
         return self.fronts or max(1, -(-self.worker_count() // VCPUS_PER_FRONT))

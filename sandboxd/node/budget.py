@@ -11,7 +11,6 @@ import logging
 
 from sandboxd.config import NodeSettings
 from sandboxd.node.ledger import Budget
-from sandboxd.registry import kinds
 from sandboxd.runners.base import Reservation
 from sandboxd.runners.cgroups import ceilings
 
@@ -23,13 +22,11 @@ def node_budget(settings: NodeSettings) -> Budget:
     memory = (settings.memory_budget_mb << 20) or max(0, memory - (settings.memory_reserve_mb << 20))
     pids = settings.pids_budget or max(0, pids - settings.pids_reserve)
     limit = Reservation(int(memory * settings.overcommit), int(pids * settings.overcommit))
-    registry = kinds()
     pools = Reservation()
     per_session: dict[str, Reservation] = {}
     for name in settings.runners:
         cfg = settings.runner_config(name)
-        hosts = sum(registry[name].hosted_by(i, cfg) for i in range(settings.worker_count()))
-        pools = pools + cfg.pool_reservation().times(hosts)
+        pools = pools + cfg.pool_reservation().times(len(settings.hosting(name)))
         per_session[name] = cfg.session_reservation()
     budget = Budget(limit, pools, per_session)
     if pools.memory_bytes > limit.memory_bytes or pools.pids > limit.pids:

@@ -67,9 +67,8 @@ class NodeCore:
         registry = kinds()
         self.kinds = {k: registry[k] for k in settings.runners}
         caps = {
-            k: sum(kind.hosted_by(i, settings.runner_config(k)) for i in range(settings.worker_count()))
-            * int(getattr(settings.runner_config(k), "max_sessions_per_worker", 1 << 20))
-            for k, kind in self.kinds.items()
+            k: len(settings.hosting(k)) * int(getattr(settings.runner_config(k), "max_sessions_per_worker", 1 << 20))
+            for k in self.kinds
         }
         weights = {tenant_of_key(key): w for key, w in settings.tenant_weights.items()}
         self.ledger = Ledger(settings.tenant_max_sessions, node_budget(settings), caps, weights)

@@ -58,15 +58,10 @@ def _parse_kv(text: bytes) -> dict[str, int]:
 
 
 def _read_kv(path: Path) -> dict[str, int]:
-    out: dict[str, int] = {}
     try:
-        for line in path.read_text().splitlines():
-            key, _, value = line.partition(" ")
-            with contextlib.suppress(ValueError):
-                out[key] = int(value)
+        return _parse_kv(path.read_bytes())
     except OSError:
-        pass
-    return out
+        return {}
 
 
 def _read_int(path: Path, default: int = 0) -> int:
@@ -235,8 +230,7 @@ class CgroupGroup:
         d = self.dirs["pids" if self.version == 1 else "unified"]
         if self.version == 2 and (d / "pids.events.local").exists():
             return _read_kv(d / "pids.events.local").get("max", 0) > self._pids_local_seen
-        peak, limit = _read_int(d / "pids.peak", -1), _read_limit(d / "pids.max")
-        if peak >= 0 and limit is not None and peak < limit:
+        if self._pids_peak_vs_limit(d) is False:
             return False
         for parent in d.parents:
             if not (parent / "pids.max").exists():
@@ -249,11 +243,13 @@ class CgroupGroup:
     def pids_peak_reached(self) -> bool:
         """v1: the group's ``pids.peak`` stands at its ``pids.max`` (a fork bomb ran here), so that later
         refusals could no longer be told apart (``renew_pids``)."""
-        if self.version != 1:
-            return False
-        d = self.dirs["pids"]
-        limit = _read_limit(d / "pids.max")
-        return limit is not None and _read_int(d / "pids.peak", -1) >= limit
+        return self.version == 1 and self._pids_peak_vs_limit(self.dirs["pids"]) is True
+
+    @staticmethod
+    def _pids_peak_vs_limit(d: Path) -> bool | None:
+        """Whether ``pids.peak`` reached ``pids.max`` in ``d``; None when either is unknown (no limit)."""
+        peak, limit = _read_int(d / "pids.peak", -1), _read_limit(d / "pids.max")
+        return None if peak < 0 or limit is None else peak >= limit
 
     def renew_pids(self) -> None:
         """v1: move everything in this group's pids group to a fresh one with the same limit (the pids

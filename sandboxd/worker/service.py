@@ -66,12 +66,6 @@ def hosted_kinds(settings: NodeSettings, index: int) -> list[RunnerKind]:
     return [registry[k] for k in settings.runners if registry[k].hosted_by(index, settings.runner_config(k))]
 
 
-def hosting(settings: NodeSettings, kind: str) -> list[int]:
-    """The worker indexes that host ``kind`` (its placement: every worker, or the first N)."""
-    k = kinds()[kind]
-    return [i for i in range(settings.worker_count()) if k.hosted_by(i, settings.runner_config(kind))]
-
-
 def request_message(exc: ValidationError) -> str:
     """A bad request body's fields, located as FastAPI locates them (``body.action: Field required``)."""
     return validation_message(exc, "body")
@@ -104,7 +98,7 @@ class Worker:
         # The node's queue, shared out over the workers that host each kind (the node updates the shares when a
         # worker dies or comes back: the others then take its part).
         q = self.settings.queue_max
-        queue_max = {k: max(1, math.ceil(q / len(hosting(self.settings, k)))) if q else 0 for k in capacity}
+        queue_max = {k: max(1, math.ceil(q / len(self.settings.hosting(k)))) if q else 0 for k in capacity}
         burst = {k: int(getattr(r, "burst_capacity", lambda: 0)()) for k, r in self.runners.items()}
         weights = {tenant_of_key(key): w for key, w in self.settings.tenant_weights.items()}
         self.admission = Admission(self.index, capacity, queue_max, self.board, burst, weights)

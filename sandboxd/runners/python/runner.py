@@ -138,6 +138,7 @@ class PythonRunner:
             "kills_memory": 0,
             "kills_output": 0,
             "limit_pids": 0,
+            "node_pressure": 0,  # steps stopped by a limit above the sandbox's own, or starved
         }
 
     def capacity(self) -> int:
@@ -431,7 +432,7 @@ class PythonRunner:
         killed_by = r.get("killed_by")
         limits_hit: list[str] = []
         if r.get("starved"):
-            self.stats["node_pressure"] = self.stats.get("node_pressure", 0) + 1
+            self.stats["node_pressure"] += 1
             raise NodePressure(
                 "the program was kept off the CPU by other sandboxes for longer than its own time limit; "
                 "it did not run out of time itself"
@@ -442,7 +443,7 @@ class PythonRunner:
                 if killed_by is None and r.get("signal") == 9:
                     killed_by = "memory"
             elif killed_by is None and r.get("signal") == 9:
-                self.stats["node_pressure"] = self.stats.get("node_pressure", 0) + 1
+                self.stats["node_pressure"] += 1
                 raise NodePressure(
                     "the program was killed for memory under its own limit: the node (or its pod) ran out of "
                     "memory for all its sandboxes"
@@ -452,7 +453,7 @@ class PythonRunner:
                 limits_hit.append("pids")
                 self.stats["limit_pids"] += 1
             elif r.get("exit_code") != 0:
-                self.stats["node_pressure"] = self.stats.get("node_pressure", 0) + 1
+                self.stats["node_pressure"] += 1
                 raise NodePressure(
                     "the program could not start a process or thread under its own pids limit: the node (or "
                     "its pod) is at its process limit"

@@ -57,6 +57,7 @@ class SQLRunner:
             "killed_disk": 0,
             "engine_lost": 0,
             "slots_recycled": 0,
+            "node_pressure": 0,  # engines killed for memory by a limit above their own
         }
 
     def capacity(self) -> int:
@@ -234,7 +235,7 @@ class SQLRunner:
         if oom and own_memory:
             return self._killed("memory", f"memory limit ({self.cfg.memory_mb} MiB)", tpch, alive)
         if oom:
-            self.stats["node_pressure"] = self.stats.get("node_pressure", 0) + 1
+            self.stats["node_pressure"] += 1
             why = "killed for memory under its own limit: the node (or its pod) ran out of memory"
             if session_id is not None:
                 raise SessionLost(f"session {session_id}: its SQL engine was {why}", session_id=session_id)
