@@ -17,6 +17,9 @@ COPY pyproject.toml README.md constraints.txt ./
 COPY sandboxd ./sandboxd
 # At the versions the tests ran with (constraints.txt), as scripts/setup.sh installs them.
 RUN pip wheel --wheel-dir /wheels -c constraints.txt ".[server]"
+# The jail's default Python environment (numpy, pandas, ...), as wheels for the target platform: every
+# package on its list has them for amd64 and arm64.
+RUN pip wheel --wheel-dir /envwheels -r sandboxd/runners/python/environments/default.txt
 
 # ---- runtime: Debian's Chromium and nsjail's libraries, the wheels, no build tools
 FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS runtime
@@ -26,8 +29,11 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends libnl-route-3-200 ca-certificates chromium fonts-dejavu-core tini \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /wheels /wheels
+COPY --from=build /envwheels /envwheels
+# `sandboxd env build default`: what scripts/setup.sh does, from the wheels above (read-only in every jail).
 RUN pip install --no-cache-dir --no-index --find-links=/wheels "sandboxd[server]" \
- && rm -rf /wheels \
+ && PIP_NO_INDEX=1 PIP_FIND_LINKS=/envwheels sandboxd env build default \
+ && rm -rf /wheels /envwheels \
  && sandboxd config-docs > /dev/null
 # The jail runs programs as uid nobody with /usr bound read-only: the interpreter under /usr/local is
 # world-readable in this image, so no copy is needed (scripts/setup.sh makes one only where it is not).

@@ -112,6 +112,35 @@ def _doctor(_: argparse.Namespace) -> int:
     return EXIT_OK if run_doctor() else EXIT_FAILED
 
 
+def _env(args: argparse.Namespace) -> int:
+    """Build or list the jail's Python environments (``runners/python/environments``)."""
+    from pathlib import Path
+
+    from sandboxd.config import load_settings
+    from sandboxd.runners.python import environments
+    from sandboxd.runners.python.config import PythonRunnerConfig
+
+    cfg = load_settings().runner_config("python")
+    assert isinstance(cfg, PythonRunnerConfig)
+    root = Path(cfg.environments_dir)
+    if args.env_command == "list":
+        built = environments.available(str(root))
+        if not built:
+            print(f"no environments under {root} for this interpreter (sandboxd env build default)")
+        for name, env in built.items():
+            mark = " (default)" if name == cfg.default_environment else ""
+            print(f"{name}{mark}: python {env.python}, {len(env.packages)} packages, {env.site}")
+            print("  " + " ".join(env.packages))
+        return EXIT_OK
+    requirements = Path(args.requirements) if args.requirements else environments.shipped(args.name)
+    if not requirements.is_file():
+        print(f"env build: no requirements file for {args.name!r} (give --requirements FILE)", file=sys.stderr)
+        return EXIT_FAILED
+    env = environments.build(args.name, requirements, root)
+    print(f"[env] {env.name}: {len(env.packages)} packages in {env.site}")
+    return EXIT_OK
+
+
 def _bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -334,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
     docs = sub.add_parser("config-docs", help="print docs/configuration.md, generated from the settings models")
     docs.add_argument("--check", metavar="FILE", help="exit 1 when FILE differs from what would be generated")
     docs.set_defaults(func=_config_docs)
+    env = sub.add_parser("env", help="the jail's Python environments: build one from a requirements list, list them")
+    env_sub = env.add_subparsers(dest="env_command", required=True)
+    build = env_sub.add_parser("build", help="install a requirements list into SANDBOXD_PYTHON__ENVIRONMENTS_DIR/NAME")
+    build.add_argument("name", nargs="?", default="default", help="the environment's name (default: default)")
+    build.add_argument("--requirements", help="a pip requirements file (default: the list shipped for NAME)")
+    env_sub.add_parser("list", help="the environments built, with their packages")
+    env.set_defaults(func=_env)
     doctor = sub.add_parser("doctor", help="check nsjail, cgroups and the jail's interpreter")
     doctor.set_defaults(func=_doctor)
     drain = sub.add_parser("drain", help="stop the local node taking work and wait for its steps (preStop hook)")

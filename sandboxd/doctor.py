@@ -42,6 +42,15 @@ def run_doctor() -> bool:
         report(True, f"interpreter for the jail: {prefix}")
     except ValueError as exc:
         report(False, str(exc))
+    from sandboxd.runners.python.environments import available
+
+    built = available(cfg.environments_dir)
+    if cfg.default_environment:
+        report(
+            cfg.default_environment in built,
+            f"python environment {cfg.default_environment!r} built under {cfg.environments_dir} "
+            f"(built: {', '.join(built) or 'none'}; `sandboxd env build {cfg.default_environment}`)",
+        )
     users = Path("/proc/sys/user/max_user_namespaces")
     if users.exists():
         report(int(users.read_text()) > 0, "user namespaces allowed (user.max_user_namespaces > 0)")

@@ -102,4 +102,8 @@ if not exe.exists():
         p.chmod(p.stat().st_mode | 0o005)
 print(f"[setup] jail interpreter: {dest}")
 PYEOF
+# 5. The jail's default Python environment (numpy, pandas, scipy, sympy, ...: the list in
+#    sandboxd/runners/python/environments/default.txt), read-only under /opt/sandboxd/envs. A no-op when
+#    that list was built already; SANDBOXD_PYTHON__ENVIRONMENTS_DIR moves it.
+"$VENV/bin/sandboxd" env build default
 log "ready: $VENV/bin/sandboxd"

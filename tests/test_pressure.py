@@ -235,7 +235,9 @@ def test_the_node_budget_refuses_sessions_before_the_pod_kills_anyone() -> None:
             "python__slots_per_worker": 2,
             "python__burst_slots_per_worker": 0,
             "python__memory_mb": 256,
-            "memory_budget_mb": 1900,
+            # 1900 MiB as before templates, plus each slot's templates group (192 MiB, counted at its cap;
+            # no step here imports a preload, so none holds anything)
+            "memory_budget_mb": 1900 + 2 * 192,
             "overcommit": 1.0,
         }
         with running_node_in(procs, **settings) as base:

@@ -107,7 +107,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             "observation_schema": k.observation.model_json_schema(),
         }
         if k.describe is not None:
-            body.update(k.describe())
+            body.update(k.describe(gateway.settings.runner_config(kind)))
         return json_response(body)
 
     return api

@@ -204,8 +204,8 @@ class RunnerKind:
     placed: checks that need the node's configuration (payload caps, limits
     above the kind's maximum) and raise a ``ClientError``.
     ``default_enabled`` false keeps a kind off unless ``runners`` names it.
-    ``describe`` adds kind-specific fields to ``GET /runners/{kind}`` (e.g. the
-    tools listing in the OpenAI function-calling shape).
+    ``describe(config)`` adds kind-specific fields to ``GET /runners/{kind}`` (e.g. the
+    tools listing in the OpenAI function-calling shape, the python environments built).
     """
 
     name: str
@@ -216,7 +216,7 @@ class RunnerKind:
     title: str = ""
     default_enabled: bool = True  # on when SANDBOXD_RUNNERS is not set
     admit: AdmitHook | None = None
-    describe: Callable[[], dict[str, Any]] | None = None
+    describe: Callable[[Any], dict[str, Any]] | None = None
     session_options: type[BaseModel] | None = None
     # Why this kind's sessions cannot be forked, when its runner has no ``fork_session`` (a 422 says it).
     no_fork: str = ""

@@ -6,6 +6,7 @@ from typing import Any
 
 from sandboxd.errors import BadRequest, PayloadTooLarge
 from sandboxd.runners.base import RunnerKind, StepLimits
+from sandboxd.runners.python import environments
 from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.models import PythonAction, PythonObservation
 
@@ -21,6 +22,9 @@ def admit(action: PythonAction, limits: StepLimits, cfg: PythonRunnerConfig) -> 
     files = sum(len(data) for _, data in action.file_bytes())
     if files > cfg.max_files_bytes:
         raise PayloadTooLarge(f"action.files total {files} bytes; this node takes at most {cfg.max_files_bytes}")
+    if action.env is not None and action.env not in environments.available(cfg.environments_dir):
+        built = ", ".join(environments.available(cfg.environments_dir)) or "none"
+        raise BadRequest(f"action.env: no Python environment {action.env!r} on this node (built: {built})")
     if limits.memory_mb is not None and limits.memory_mb > cfg.memory_mb:
         raise BadRequest(f"limits.memory_mb: {limits.memory_mb} exceeds this node's maximum {cfg.memory_mb}")
     if limits.max_output_bytes is not None and limits.max_output_bytes > cfg.max_output_bytes:
@@ -33,6 +37,18 @@ def _admit(action: Any, limits: StepLimits, cfg: Any) -> None:
     admit(action, limits, cfg)
 
 
+def describe(cfg: PythonRunnerConfig) -> dict[str, Any]:
+    """The environments a step may name, what each holds and what its template preloads."""
+    built = environments.available(cfg.environments_dir)
+    return {
+        "default_environment": cfg.default_environment if cfg.default_environment in built else None,
+        "environments": {
+            name: {"python": env.python, "packages": list(env.packages), "preload": cfg.preload.get(name, [])}
+            for name, env in built.items()
+        },
+    }
+
+
 KIND = RunnerKind(
     name="python",
     title="Python programs in nsjail sandboxes (B1)",
@@ -41,6 +57,7 @@ KIND = RunnerKind(
     observation=PythonObservation,
     runner="sandboxd.runners.python.runner:PythonRunner",
     admit=_admit,
+    describe=describe,
     no_fork=(
         "python sessions cannot be forked yet: the interpreter's state lives in a process that runs the tenant's "
         "code with every capability dropped and namespace creation forbidden by seccomp, so no copy of it can "

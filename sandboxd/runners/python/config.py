@@ -13,6 +13,7 @@ from sandboxd.runners.base import Reservation, RunnerConfig
 JAIL_PYTHON_ROOT = "/opt/sandboxd/python"
 # Pids used by a slot's own processes (nsjail, zygote, running and next executor).
 SLOT_OVERHEAD_PIDS = 6
+TEMPLATE_PIDS = 8  # per template: itself, its prepared and handed-over executors (moved out once running), margin
 SLOT_HEADROOM_BYTES = 32 << 20  # a one-shot slot's cap above the step's memory: its zygote and next executor
 SESSION_ZYGOTE_BYTES = 256 << 20  # the cap of a session jail's zygote group
 
@@ -92,6 +93,30 @@ class PythonRunnerConfig(RunnerConfig):
     interrupt_grace_s: float = Field(
         1.0, ge=0.0, description="Session step past its timeout: SIGINT first, SIGKILL this long after."
     )
+    environments_dir: str = Field(
+        "/opt/sandboxd/envs",
+        description="Where Python environments are built (`sandboxd env build`); mounted read-only into every jail.",
+    )
+    default_environment: str = Field(
+        "default",
+        pattern=r"^([a-z][a-z0-9_-]{0,31})?$",
+        description="The environment of a step that names none (`action.env`); empty = the standard library only. "
+        "scripts/setup.sh builds `default` (numpy, pandas, scipy, sympy, networkx, scikit-learn, matplotlib, "
+        "sortedcontainers, pytest, requests, beautifulsoup4).",
+    )
+    preload: dict[str, list[str]] = Field(
+        default_factory=lambda: {"default": ["numpy", "pandas", "scipy", "sympy", "networkx", "matplotlib.pyplot"]},
+        description="Modules imported ahead, per environment, by a template process in each one-shot jail; a step "
+        "whose code imports one of them is forked from that template, so the import costs it nothing. The "
+        "template starts with the first such step of its jail (that step runs without it).",
+    )
+    template_mb: int = Field(
+        192,
+        ge=0,
+        description="The memory cap of a preloaded environment's template in each one-shot jail (a cgroup of its "
+        "own beside the slot's, so a program keeps exactly its `memory_mb`), counted in the node's budget; "
+        "0 = no templates (every import is paid by its program).",
+    )
     python_prefix: str = Field(
         "",
         description="Python tree mounted read-only into the jail; empty = the one running sandboxd, or its copy.",
@@ -121,9 +146,24 @@ class PythonRunnerConfig(RunnerConfig):
             "run scripts/setup.sh or set SANDBOXD_PYTHON__PYTHON_PREFIX"
         )
 
+    def templates(self) -> int:
+        """How many templates a warm one-shot jail may hold: one per built environment with preloads."""
+        from sandboxd.runners.python.environments import available
+
+        if not self.warm_pool or self.template_mb <= 0:
+            return 0
+        built = available(self.environments_dir)
+        return sum(1 for name, mods in self.preload.items() if mods and name in built)
+
+    def templates_reservation(self) -> Reservation:
+        """The cgroup of one slot's templates (beside the slot's own)."""
+        n = self.templates()
+        return Reservation(n * (self.template_mb << 20), n * TEMPLATE_PIDS)
+
     def pool_reservation(self) -> Reservation:
         slots = (self.slots_per_worker + self.burst_slots_per_worker) if self.warm_pool else self.slots_per_worker
         one_shot = Reservation((self.memory_mb << 20) + SLOT_HEADROOM_BYTES, self.pids_max + SLOT_OVERHEAD_PIDS)
+        one_shot += self.templates_reservation()
         zygote = Reservation(SESSION_ZYGOTE_BYTES, SLOT_OVERHEAD_PIDS + 4 * (self.warm_sessions_per_jail + 1))
         return one_shot.times(slots) + zygote.times(self.session_jails_per_worker)
 

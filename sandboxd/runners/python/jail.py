@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import collections
 import contextlib
 import json
 import logging
@@ -37,7 +36,9 @@ from nsjail.serializers.textproto import to_textproto
 from sandboxd.errors import SandboxSetupError
 from sandboxd.runners import jailconf
 from sandboxd.runners.cgroups import CgroupGroup
+from sandboxd.runners.python import environments
 from sandboxd.runners.python.config import PythonRunnerConfig
+from sandboxd.runners.python.environments import Environment
 from sandboxd.runners.python.jailside import wire
 from sandboxd.runners.starvation import Starvation
 
@@ -45,6 +46,8 @@ log = logging.getLogger(__name__)
 
 JAILSIDE_DIR = Path(__file__).parent / "jailside"
 JAILSIDE_MOUNT = "/opt/sandboxd/jailside"
+ENVS_MOUNT = "/opt/sandboxd/envs"
+THREAD_POOL_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 SANDBOX_READY_TIMEOUT_S = 10.0
 
 
@@ -68,14 +71,29 @@ def python_executable(prefix: str) -> str:
     return str(exe)
 
 
+def env_mount(name: str) -> str:
+    """Where environment ``name`` is in every jail, wherever it was built (not under /tmp, which each
+    execution gets afresh)."""
+    return f"{ENVS_MOUNT}/{name}/site"
+
+
+def jail_environments(cfg: PythonRunnerConfig) -> list[tuple[str, Environment]]:
+    """The environments a jail serves, in the order the zygote numbers them (``action.env`` -> index)."""
+    return sorted(environments.available(cfg.environments_dir).items())[: wire.MAX_ENVS]
+
+
 def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str = "sandbox") -> NsJailConfig:
-    """The jail: empty tmpfs root, read-only system and interpreter, nothing of /run, /var, /home."""
+    """The jail: empty tmpfs root, read-only system and interpreter, nothing of /run, /var, /home; the
+    built environments read-only at their own path."""
     prefix = cfg.resolved_prefix()
     mounts = [
         *jailconf.base_mounts("size=1m", "size=1m"),
         MountPt(src=prefix, dst=prefix, is_bind=True),
         MountPt(src=str(JAILSIDE_DIR), dst=JAILSIDE_MOUNT, is_bind=True),
     ]
+    envs = jail_environments(cfg)
+    mounts += [MountPt(src=env.site, dst=env_mount(name), is_bind=True) for name, env in envs]
+    served = [[env_mount(name), cfg.preload.get(name, [])] for name, _ in envs]
     return NsJailConfig(
         name="sandboxd",
         mode=Mode.ONCE,
@@ -91,6 +109,11 @@ def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str =
             "LANG=C.UTF-8",
             "TMPDIR=/tmp",
             f"LD_LIBRARY_PATH={prefix}/lib",
+            # Native libraries' thread pools: one thread each, so a template forks safely (a fork copies
+            # one thread; a pool's others would be gone in every child) and a step uses its one core.
+            *(f"{var}=1" for var in THREAD_POOL_VARS),
+            "MPLBACKEND=Agg",
+            "MPLCONFIGDIR=/tmp/.matplotlib",
         ],
         uidmap=[IdMap(inside_id=str(jailconf.JAIL_UID), outside_id=str(jailconf.JAIL_UID))],
         gidmap=[IdMap(inside_id=str(jailconf.JAIL_UID), outside_id=str(jailconf.JAIL_UID))],
@@ -110,7 +133,7 @@ def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str =
         seccomp_string=[kafel_policy()],
         exec_bin=Exe(
             path=python_executable(prefix),
-            arg=["-I", "-S", "-B", f"{JAILSIDE_MOUNT}/zygote.py", mode, str(cfg.tmpfs_mb << 20)],
+            arg=["-I", "-S", "-B", f"{JAILSIDE_MOUNT}/zygote.py", mode, str(cfg.tmpfs_mb << 20), json.dumps(served)],
         ),
     )
 
@@ -126,6 +149,7 @@ class Executor:
     pidfd: int
     host_pid: int
     exit: asyncio.Future[dict[str, Any]]
+    flavor: int | None = None  # the environment whose template it was forked from (its preloads); None: lean
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError, OSError):
@@ -246,7 +270,13 @@ class Jail:
         self.ctl: socket.socket | None = None
         self._ctl_buf = bytearray()
         self._fds: list[int] = []
-        self._spawns: collections.deque[asyncio.Future[tuple[int, list[int]]]] = collections.deque()
+        # Spawn requests by number (the zygote numbers the bytes it reads in the same order): its reply says
+        # which request it answers, as requests for templates' executors are answered out of order.
+        self._spawns: dict[int, asyncio.Future[tuple[int, list[int], bool]]] = {}
+        self._asked = 0
+        self._warm: set[int] = set()  # environments whose template answered this jail's last request for it
+        self._templates: set[int] = set()  # environments whose template this jail was asked to start
+        self._template_acks: dict[int, asyncio.Future[bool]] = {}
         self._exits: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
         self.zygote_pid = 0  # on the host; learnt from the zygote's first frame (SO_PASSCRED)
@@ -288,6 +318,9 @@ class Jail:
         ours.setblocking(False)
         self.ctl = ours
         self._ctl_buf.clear()
+        self._asked = 0
+        self._warm.clear()
+        self._templates.clear()
         self._cred_pid = 0
         try:
             header = await asyncio.wait_for(self._next_ctl_frame(), SANDBOX_READY_TIMEOUT_S)
@@ -332,16 +365,20 @@ class Jail:
                 op = msg.get("op")
                 if op == "executor":
                     fds, self._fds = self._fds[:3], self._fds[3:]
-                    fut = self._spawns.popleft() if self._spawns else None
+                    fut = self._spawns.pop(msg.get("req", -1), None)
                     if fut is None or fut.done():
                         for fd in fds:
                             os.close(fd)
                     else:
-                        fut.set_result((int(msg["id"]), fds))
+                        fut.set_result((int(msg["id"]), fds, bool(msg.get("warm"))))
                 elif op == "spawn_error":
-                    fut = self._spawns.popleft() if self._spawns else None
+                    fut = self._spawns.pop(msg.get("req", -1), None)
                     if fut is not None and not fut.done():
                         fut.set_exception(SandboxSetupError(f"jail {self.name}: {msg.get('error')}"))
+                elif op == "template":
+                    ack = self._template_acks.pop(int(msg.get("env", -1)), None)
+                    if ack is not None and not ack.done():
+                        ack.set_result(bool(msg.get("started")))
                 elif op == "exit":
                     ex = self._exit_future(int(msg["id"]))
                     del self._exits[int(msg["id"])]
@@ -349,13 +386,18 @@ class Jail:
                         ex.set_result(msg)
         except (wire.WireError, OSError) as exc:
             why = SandboxSetupError(f"jail {self.name} ended: {exc}")
-            pending: list[asyncio.Future[Any]] = [*self._spawns, *self._exits.values()]
+            pending: list[asyncio.Future[Any]] = [
+                *self._spawns.values(),
+                *self._exits.values(),
+                *self._template_acks.values(),
+            ]
             for fut in pending:
                 if not fut.done():
                     fut.set_exception(why)
                     fut.exception()
             self._spawns.clear()
             self._exits.clear()
+            self._template_acks.clear()
 
     def _exit_future(self, ex_id: int) -> asyncio.Future[dict[str, Any]]:
         fut = self._exits.get(ex_id)
@@ -364,8 +406,11 @@ class Jail:
             self._exits[ex_id] = fut
         return fut
 
-    async def spawn(self, into: CgroupGroup | None = None) -> Executor:
+    async def spawn(self, into: CgroupGroup | None = None, flavor: int | None = None) -> Executor:
         """Ask the zygote for one more executor and wait until it is locked down.
+
+        ``flavor``: forked from that environment's template, its preloads imported (one-shot jails); until
+        the template is ready (it starts with the first such request) the executor is a lean one.
 
         ``into``: the executor is born in that cgroup, never in the jail's. The zygote moves there for
         the fork and back: what the kernel charges for a new process (its task, page tables, namespaces,
@@ -376,15 +421,53 @@ class Jail:
         if self.ctl is None or not self.alive:
             raise SandboxSetupError(f"jail {self.name} is not running")
         if into is None:
-            ex_id, fds = await self._fork()
+            async with self._placing:  # never while the zygote visits another group (``ensure_template``)
+                ex_id, fds, warm = await self._fork(flavor)
         else:
             async with self._placing:
                 await asyncio.to_thread(self._visit, into)
                 try:
-                    ex_id, fds = await self._fork()
+                    ex_id, fds, warm = await self._fork(None)
                 finally:
                     await asyncio.to_thread(self._visit, self.cgroup)
-        return await self._handshake(ex_id, fds)
+        executor = await self._handshake(ex_id, fds)
+        if flavor is not None:
+            if warm:
+                try:  # born in its template's group: its program's pages are charged to the slot's
+                    self.cgroup.add(executor.host_pid)
+                except SandboxSetupError:
+                    executor.close()
+                    raise
+                self._warm.add(flavor)
+            elif flavor in self._warm:  # it was up, and answered lean: it died, and may be started again
+                self._warm.discard(flavor)
+                self._templates.discard(flavor)
+            executor.flavor = flavor if warm else None
+        return executor
+
+    def warm_ready(self, flavor: int) -> bool:
+        """Whether ``flavor``'s template is up (as of this jail's last executor of that flavor)."""
+        return flavor in self._warm
+
+    async def ensure_template(self, flavor: int, into: CgroupGroup) -> None:
+        """Have the zygote start ``flavor``'s template (once per jail, until it dies), born in ``into``: its
+        imports are charged there, never to the slot's group whose cap is the program's memory limit."""
+        if flavor in self._templates or self.ctl is None or not self.alive:
+            return
+        self._templates.add(flavor)
+        loop = asyncio.get_running_loop()
+        ack: asyncio.Future[bool] = loop.create_future()
+        self._template_acks[flavor] = ack
+        async with self._placing:
+            await asyncio.to_thread(self._visit, into)
+            try:
+                await loop.sock_sendall(self.ctl, bytes([wire.START_TEMPLATE + flavor]))
+                started = await asyncio.wait_for(ack, SANDBOX_READY_TIMEOUT_S)
+            finally:
+                self._template_acks.pop(flavor, None)
+                await asyncio.to_thread(self._visit, self.cgroup)
+        if not started:
+            log.info("jail %s: no template for environment %d (its preloads failed too often)", self.name, flavor)
 
     def _visit(self, group: CgroupGroup) -> None:
         """Move the zygote into ``group`` (pinned by a pidfd and checked: a pid number is not a process)."""
@@ -401,13 +484,18 @@ class Jail:
         finally:
             os.close(pidfd)
 
-    async def _fork(self) -> tuple[int, list[int]]:
+    async def _fork(self, flavor: int | None) -> tuple[int, list[int], bool]:
         assert self.ctl is not None
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[tuple[int, list[int]]] = loop.create_future()
-        self._spawns.append(fut)
-        await loop.sock_sendall(self.ctl, b"f")
-        return await asyncio.wait_for(fut, SANDBOX_READY_TIMEOUT_S)
+        fut: asyncio.Future[tuple[int, list[int], bool]] = loop.create_future()
+        self._asked += 1
+        seq = self._asked
+        self._spawns[seq] = fut
+        try:
+            await loop.sock_sendall(self.ctl, bytes([wire.SPAWN_LEAN if flavor is None else wire.SPAWN_ENV + flavor]))
+            return await asyncio.wait_for(fut, SANDBOX_READY_TIMEOUT_S)
+        finally:
+            self._spawns.pop(seq, None)
 
     async def _handshake(self, ex_id: int, fds: list[int]) -> Executor:
         loop = asyncio.get_running_loop()

@@ -37,6 +37,13 @@ class PythonAction(BaseModel):
         "would (it is written there; `__file__`, `sys.argv[0]` and `sys.path[0]` name it). Without it the code "
         "runs as `python -c` would (`sys.path[0]` is the working directory, no `__file__`).",
     )
+    env: str | None = Field(
+        None,
+        pattern=r"^[a-z][a-z0-9_-]{0,31}$",
+        description="The Python environment (package tree) the program imports from: one the node has built "
+        "(`GET /runners/python` lists them); omitted, the node's `default_environment`. A session's environment "
+        "is its first step's.",
+    )
     grade: bool = Field(
         False,
         description="Session steps: run `code` not in the session but in a fresh one-shot sandbox whose working "

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from sandboxd.runners.python.config import (
     SLOT_OVERHEAD_PIDS,
     PythonRunnerConfig,
 )
-from sandboxd.runners.python.jail import Executor, Jail, Output, run_step
+from sandboxd.runners.python.jail import Executor, Jail, Output, jail_environments, run_step
 from sandboxd.runners.python.jailside import wire
 from sandboxd.runners.python.models import MAX_FILES, PythonAction, PythonObservation
 from sandboxd.runners.python.snapshot import read_workdir
@@ -43,7 +44,9 @@ class Slot:
     jail: Jail
     cgroup: CgroupGroup
     next_executor: asyncio.Task[Executor] | None = None
+    next_flavor: int | None = None  # what the prepared executor was asked as: the last step's flavor
     memory_bytes: int = 0
+    templates: CgroupGroup | None = None  # the group its environments' templates are born in
 
 
 @dataclass
@@ -74,6 +77,17 @@ class Session:
     jail: Jail
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     steps: int = 0
+    env: str | None = None  # its environment, set by its first step
+
+
+def import_pattern(modules: list[str]) -> re.Pattern[str] | None:
+    """Lines that import one of ``modules`` (top-level packages) as Python source writes them. A miss only
+    costs the program the import; a false hit costs a fork from the larger template."""
+    roots = sorted({m.split(".")[0] for m in modules if m})
+    if not roots:
+        return None
+    names = "|".join(re.escape(r) for r in roots)
+    return re.compile(rf"(?m)^[ \t]*(?:import|from)[ \t][^\n#]*?\b(?:{names})\b")
 
 
 def verdict(obs: PythonObservation) -> ProgramFailure | None:
@@ -115,6 +129,12 @@ def fetched_files(
     return files, missing
 
 
+def _close_executor(task: asyncio.Task[Executor]) -> None:
+    """A prepared executor nobody will use (its flavor was not the step's)."""
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()
+
+
 class PythonRunner:
     def __init__(self, cfg: PythonRunnerConfig, ctx: RunnerContext) -> None:
         self.cfg = cfg
@@ -131,6 +151,20 @@ class PythonRunner:
         self._leftover_cgroups: list[CgroupGroup] = []
         self._cold_seq = 0
         self._sandbox_seq = 0
+        # The environments, numbered as the jails' zygotes number them; the default one, if it was built.
+        self.envs = {name: i for i, (name, _) in enumerate(jail_environments(cfg))}
+        self.default_env = cfg.default_environment if cfg.default_environment in self.envs else None
+        self._preloaded = {
+            self.envs[n]: import_pattern(m) for n, m in cfg.preload.items() if n in self.envs and cfg.templates() > 0
+        }
+        if cfg.default_environment and self.default_env is None:
+            log.warning(
+                "python: default_environment %r is not built under %s (steps get the standard library only); "
+                "build it with `sandboxd env build %s`",
+                cfg.default_environment,
+                cfg.environments_dir,
+                cfg.default_environment,
+            )
         self.stats: dict[str, int] = {
             "sandbox_starts": 0,
             "jail_starts": 0,
@@ -139,6 +173,7 @@ class PythonRunner:
             "kills_output": 0,
             "limit_pids": 0,
             "node_pressure": 0,  # steps stopped by a limit above the sandbox's own, or starved
+            "warm_imports": 0,  # one-shots forked from an environment's template, its preloads imported
         }
 
     def capacity(self) -> int:
@@ -162,6 +197,11 @@ class PythonRunner:
             cg.set_cpu(self.cfg.cpu_cores)
             jail = Jail(f"slot{i}", "oneshot", self.cfg, cg, self.runtime_dir)
             slot = Slot(jail, cg, memory_bytes=mem + SLOT_HEADROOM_BYTES)
+            if self.cfg.templates():
+                slot.templates = self.root.slot(f"slot{i}-templates")
+                room = self.cfg.templates_reservation()
+                slot.templates.set_limits(room.memory_bytes, room.pids)
+                slot.templates.set_cpu(self.cfg.cpu_cores)
             self.slots.append(slot)
             jobs.append(self._start_slot(slot))
         for i in range(self.cfg.session_jails_per_worker):
@@ -178,7 +218,7 @@ class PythonRunner:
     async def _start_slot(self, slot: Slot) -> None:
         await slot.jail.start()
         self.stats["jail_starts"] += 1
-        slot.next_executor = asyncio.create_task(self._spawn(slot.jail))
+        slot.next_executor = asyncio.create_task(self._spawn(slot.jail, slot.next_flavor))
         await asyncio.wait([slot.next_executor])
 
     async def _start_session_jail(self, sj: SessionJail) -> None:
@@ -190,8 +230,8 @@ class PythonRunner:
         while sj.warm.qsize() < self.cfg.warm_sessions_per_jail:
             sj.warm.put_nowait(asyncio.create_task(self._session_sandbox(sj)))
 
-    async def _spawn(self, jail: Jail) -> Executor:
-        mon = await jail.spawn()
+    async def _spawn(self, jail: Jail, flavor: int | None = None) -> Executor:
+        mon = await jail.spawn(flavor=flavor)
         self.stats["sandbox_starts"] += 1
         return mon
 
@@ -260,7 +300,7 @@ class PythonRunner:
                         slot.next_executor = None
                     with contextlib.suppress(SandboxSetupError, OSError, wire.WireError):
                         await self._ensure_jail(slot.jail)  # it stops what is left of the dead jail first
-                        slot.next_executor = asyncio.create_task(self._spawn(slot.jail))
+                        slot.next_executor = asyncio.create_task(self._spawn(slot.jail, slot.next_flavor))
             finally:
                 self.free.put_nowait(slot)
         for sj in self.session_jails:
@@ -271,6 +311,24 @@ class PythonRunner:
                     self._fill_warm(sj)
 
     # ------------------------------------------------------------------ steps
+
+    def _env_of(self, action: PythonAction) -> str | None:
+        name = action.env or self.default_env
+        if name is not None and name not in self.envs:
+            raise BadRequest(f"action.env: no Python environment {name!r} on this node (built: {', '.join(self.envs)})")
+        return name
+
+    def _flavor(self, header: dict[str, Any], action: PythonAction) -> int | None:
+        """The template to fork this one-shot from: its environment's, when its code imports a preload."""
+        env = header.get("env")
+        pattern = self._preloaded.get(env) if isinstance(env, int) else None
+        if pattern is None:
+            return None
+        if pattern.search(action.code) or any(
+            p.endswith(".py") and pattern.search(c) for p, c in action.files.items() if action.file_encoding == "utf-8"
+        ):
+            return env
+        return None
 
     def _request(self, action: PythonAction, limits: StepLimits) -> tuple[dict[str, Any], bytes]:
         files = action.file_bytes()
@@ -290,6 +348,9 @@ class PythonRunner:
         }
         if action.script is not None:
             header["script"] = action.script
+        env = self._env_of(action)
+        if env is not None:
+            header["env"] = self.envs[env]
         if action.fetch_files:
             header["fetch"] = action.fetch_files
             header["fetch_max_bytes"] = self.cfg.max_fetch_bytes
@@ -308,17 +369,20 @@ class PythonRunner:
                 )
             if action.script is not None:
                 raise BadRequest("script is for one-shot steps (a session's cells run as a notebook's do)")
-            return await self._session_step(session_id, header, body, limits)
+            return await self._session_step(session_id, header, body, limits, action.env)
+        flavor = self._flavor(header, action)
         if not self.cfg.warm_pool:
             async with self._cold:
-                return await self._cold_oneshot(header, body, limits)
+                return await self._cold_oneshot(header, body, limits, flavor)
         slot = await self.free.get()
         try:
-            return await self._oneshot(slot, header, body, limits)
+            return await self._oneshot(slot, header, body, limits, flavor)
         finally:
             self.free.put_nowait(slot)
 
-    async def _cold_oneshot(self, header: dict[str, Any], body: bytes, limits: StepLimits) -> StepOutcome:
+    async def _cold_oneshot(
+        self, header: dict[str, Any], body: bytes, limits: StepLimits, flavor: int | None
+    ) -> StepOutcome:
         """Everything a warm pool takes off the request path, on it: jail, cgroup, executor."""
         assert self.root is not None
         self._cold_seq += 1
@@ -330,12 +394,26 @@ class PythonRunner:
             cg.set_cpu(self.cfg.cpu_cores)
             await jail.start()
             self.stats["jail_starts"] += 1
+            # A cold jail's template would start after its one step: that step imports for itself.
+            del flavor
             return await self._run_in(jail, cg, await self._spawn(jail), header, body, limits)
         finally:
             await jail.stop()
             await self._remove_cgroup(cg)
 
-    async def _take_executor(self, slot: Slot) -> Executor:
+    async def _take_executor(self, slot: Slot, flavor: int | None) -> Executor:
+        if flavor is not None and slot.templates is not None:
+            try:
+                await slot.jail.ensure_template(flavor, slot.templates)
+            except (SandboxSetupError, OSError, TimeoutError, wire.WireError) as exc:
+                log.warning("slot %s: its template for environment %d did not start: %r", slot.jail.name, flavor, exc)
+        if slot.next_flavor != flavor:
+            # The prepared one is of the other flavor: this step gets its own, and the slot prepares this
+            # flavor from now on (a slot's steps tend to be alike: a trainer's task set, one kind of program).
+            stale, slot.next_executor = slot.next_executor, asyncio.create_task(self._spawn(slot.jail, flavor))
+            slot.next_flavor = flavor
+            if stale is not None:
+                stale.add_done_callback(_close_executor)
         task = slot.next_executor
         slot.next_executor = None
         try:
@@ -343,6 +421,10 @@ class PythonRunner:
                 raise SandboxSetupError("no executor was being prepared")
             executor = await task
             if executor.alive() and slot.jail.alive:
+                if flavor is not None and executor.flavor is None and slot.jail.warm_ready(flavor):
+                    # Asked while its template was still importing: the template is ready now.
+                    executor.close()
+                    executor = await self._spawn(slot.jail, flavor)
                 return executor
             executor.close()
             log.warning("slot %s: its prepared executor died; restarting the jail", slot.jail.name)
@@ -354,23 +436,27 @@ class PythonRunner:
                 for delay in SPAWN_RETRY_DELAYS_S:
                     await asyncio.sleep(delay)
                     with contextlib.suppress(SandboxSetupError, OSError, wire.WireError):
-                        return await self._spawn(slot.jail)
+                        return await self._spawn(slot.jail, flavor)
             log.warning("slot %s: %s; restarting its jail", slot.jail.name, exc)
         await slot.jail.stop()
         await self._ensure_jail(slot.jail)
-        return await self._spawn(slot.jail)
+        return await self._spawn(slot.jail, flavor)
 
     def _slot_memory(self, limits: StepLimits) -> int:
         """The slot's cgroup cap: the step's memory plus room for the zygote and the next executor."""
         return ((limits.memory_mb or self.cfg.memory_mb) << 20) + SLOT_HEADROOM_BYTES
 
-    async def _oneshot(self, slot: Slot, header: dict[str, Any], body: bytes, limits: StepLimits) -> StepOutcome:
-        executor = await self._take_executor(slot)
+    async def _oneshot(
+        self, slot: Slot, header: dict[str, Any], body: bytes, limits: StepLimits, flavor: int | None
+    ) -> StepOutcome:
+        executor = await self._take_executor(slot, flavor)
+        if executor.flavor is not None:
+            self.stats["warm_imports"] += 1
         want_mem = self._slot_memory(limits)
         if want_mem != slot.memory_bytes:
             slot.cgroup.set_limits(want_mem, self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
             slot.memory_bytes = want_mem
-        slot.next_executor = asyncio.create_task(self._spawn(slot.jail))
+        slot.next_executor = asyncio.create_task(self._spawn(slot.jail, slot.next_flavor))
         return await self._run_in(slot.jail, slot.cgroup, executor, header, body, limits)
 
     async def _feed(
@@ -535,12 +621,19 @@ class PythonRunner:
                 self.stats["jail_starts"] += 1
 
     async def _session_step(
-        self, session_id: str, header: dict[str, Any], body: bytes, limits: StepLimits
+        self, session_id: str, header: dict[str, Any], body: bytes, limits: StepLimits, env: str | None
     ) -> StepOutcome:
         sess = self.sessions.get(session_id)
         if sess is None:
             raise UnknownSession(f"no Python session {session_id} on worker {self.name}")
         async with sess.lock:
+            if sess.steps == 0:
+                sess.env = env or self.default_env
+            elif env is not None and env != sess.env:
+                raise BadRequest(
+                    f"action.env: session {session_id} runs in environment {sess.env!r} (its first step's); "
+                    f"a session cannot change it to {env!r}"
+                )
             # Unguessable, so a program cannot write the reply to a cell it has not seen yet (it can still read
             # its own cell's tag from the interpreter it shares with the harness: docs/security.md).
             header["tag"] = secrets.randbits(62)

@@ -9,7 +9,7 @@ from sandboxd.runners.tools.config import ToolsRunnerConfig
 from sandboxd.runners.tools.models import ToolAction, ToolObservation
 
 
-def describe() -> dict[str, Any]:
+def describe(_config: Any) -> dict[str, Any]:
     from sandboxd.runners.tools.tools import openai_tools
 
     return {"tools": openai_tools()}

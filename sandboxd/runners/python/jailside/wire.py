@@ -15,6 +15,14 @@ from typing import Any
 PREFIX = struct.Struct("!II")
 MAX_HEADER_BYTES = 1 << 20
 MAX_BODY_BYTES = 256 << 20
+# The worker asks a zygote for executors one byte each: SPAWN_LEAN for one forked from the zygote itself,
+# SPAWN_ENV + i for one forked from environment i's template (its preloads imported; a lean one while it
+# has none). START_TEMPLATE + i starts that template (the worker has the zygote in the template's own
+# cgroup meanwhile) and is answered by a "template" frame. At most MAX_ENVS environments.
+SPAWN_LEAN = ord("f")
+MAX_ENVS = 0x40
+SPAWN_ENV = 0x80
+START_TEMPLATE = 0xC0
 
 
 class WireError(Exception):

@@ -96,6 +96,8 @@ _sys_excepthook = sys.__excepthook__
 _TextIOWrapper, _BytesIO = io.TextIOWrapper, io.BytesIO
 _sys = sys
 _streams: list[Any] = []  # the stdio objects the harness made for the program: flushed whatever it rebinds
+# The environments this jail serves, by index: (site directory, modules its template preloads). From argv.
+_ENVS: list[tuple[str, list[str]]] = []
 
 # Modules that typical agent programs import, loaded once here so that every
 # execution starts with them warm (shared copy-on-write pages, not an import).
@@ -201,7 +203,10 @@ def _clone_namespaced(session: bool) -> int:
 # --------------------------------------------------------------------------- zygote
 
 
-def zygote_main(mode: str, tmpfs_bytes: int) -> None:
+TEMPLATE_MAX_FAILURES = 3  # an environment's template that died this often in one jail is not restarted
+
+
+def _boot() -> None:
     for name in PRELOAD:
         __import__(name)
     # ``python -S`` (no site-packages on the jail's path) also skips the builtins ``site`` adds; programs
@@ -211,6 +216,164 @@ def zygote_main(mode: str, tmpfs_bytes: int) -> None:
     site.setquit()
     site.setcopyright()
     site.sethelper()
+
+
+def _make_executor(mode: str, tmpfs_bytes: int, filter_program: bytes, close: tuple[int, ...]) -> tuple[int, list[int]]:
+    """Clone one executor; return its pid (in the jail) and our ends: request socket, stdout, stderr."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        pid = _clone_namespaced(mode == "session")
+    except OSError:
+        for fd in (out_r, out_w, err_r, err_w):
+            os.close(fd)
+        ours.close()
+        theirs.close()
+        raise
+    if pid == 0:
+        code = 70
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in (*close, out_r, err_r):
+                os.close(fd)
+            ours.close()
+            code = executor_main(theirs, out_w, err_w, filter_program, mode, tmpfs_bytes)
+        except BaseException:
+            pass  # nothing of the harness may reach the program's output; the status says enough
+        finally:
+            _exit(code)
+    theirs.close()
+    os.close(out_w)
+    os.close(err_w)
+    return pid, [ours.detach(), out_r, err_r]
+
+
+def _send_fds(sock: socket.socket, header: dict[str, Any], fds: list[int]) -> None:
+    sock.sendmsg([wire.encode(header)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
+    for fd in fds:
+        os.close(fd)
+
+
+def _exit_report(status: int, ru: Any) -> dict[str, Any]:
+    msg: dict[str, Any] = {"op": "exit", "cpu_s": ru.ru_utime + ru.ru_stime, "max_rss_kb": ru.ru_maxrss}
+    if os.WIFSIGNALED(status):
+        msg["signal"] = os.WTERMSIG(status)
+        msg["exit_code"] = 128 + os.WTERMSIG(status)
+    else:
+        msg["signal"] = None
+        msg["exit_code"] = os.WEXITSTATUS(status)
+    return msg
+
+
+class _Template:
+    """A child of the zygote that imported an environment's preload list and forks executors from there.
+
+    It is the zygote in all but its imports (same jail, capabilities and namespaces; it never reads request
+    data either), so an execution that imports numpy finds it already loaded, in copy-on-write pages.
+    The worker starts it (``wire.START_TEMPLATE``) with the zygote in a cgroup of the template's own, so its
+    memory is never counted against a program's limit; until it is ready, requests for it get plain
+    executors. Its executors are children of the template, born in its cgroup, and moved by the worker into
+    the slot's before their program arrives: what a program dirties is its own. The template reports their
+    exits, and the zygote relays everything.
+    """
+
+    def __init__(self, env: int, pid: int, sock: socket.socket) -> None:
+        self.env, self.pid, self.sock = env, pid, sock
+        self.ready = False
+        self.failed = False
+        self.buf = bytearray()
+        self.fds: list[int] = []
+        self.pending: list[int] = []  # request numbers of the executors asked of it, in order
+
+
+def _start_template(env: int, mode: str, tmpfs_bytes: int, filter_program: bytes, close: tuple[int, ...]) -> _Template:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            signal.set_wakeup_fd(-1)
+            for fd in close:
+                os.close(fd)
+            ours.close()
+            template_main(theirs, env, mode, tmpfs_bytes, filter_program)
+        except BaseException:
+            code = 1
+        finally:
+            _exit(code)
+    theirs.close()
+    return _Template(env, pid, ours)
+
+
+def template_main(chan: socket.socket, env: int, mode: str, tmpfs_bytes: int, filter_program: bytes) -> None:
+    site, modules = _ENVS[env]
+    sys.path[:] = [*_PROGRAM_PATH, site]
+    failed = []
+    for name in modules:
+        try:
+            __import__(name)
+        except BaseException as exc:  # a broken package costs its importers the import, nothing else
+            failed.append(f"{name}: {exc!r}")
+    chan.sendall(wire.encode({"op": "template_ready", "failed": failed}))
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    while True:
+        try:
+            ready, _, _ = select.select([chan.fileno(), wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            os.read(wake_r, 512)
+        while True:
+            try:
+                pid, status, ru = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            chan.sendall(wire.encode({**_exit_report(status, ru), "pid": pid}))
+        if chan.fileno() not in ready:
+            continue
+        wanted = chan.recv(64)
+        if not wanted:
+            return  # the zygote is gone
+        for _ in wanted:
+            try:
+                pid, fds = _make_executor(mode, tmpfs_bytes, filter_program, (wake_r, wake_w, chan.fileno()))
+            except OSError as exc:
+                chan.sendall(wire.encode({"op": "spawn_error", "error": str(exc)}))
+                continue
+            _send_fds(chan, {"op": "executor", "pid": pid}, fds)
+
+
+def _template_frames(t: _Template) -> list[dict[str, Any]]:
+    """The complete frames a template has sent (collecting the descriptors passed with them)."""
+    data, anc, _flags, _addr = t.sock.recvmsg(65536, socket.CMSG_SPACE(16 * 4))
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds = array.array("i")
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+            t.fds.extend(fds)
+    if not data:
+        raise EOFError
+    t.buf += data
+    frames = []
+    while len(t.buf) >= wire.PREFIX.size:
+        head_len, body_len = wire.decode_prefix(bytes(t.buf[: wire.PREFIX.size]))
+        total = wire.PREFIX.size + head_len + body_len
+        if len(t.buf) < total:
+            break
+        frames.append(json.loads(bytes(t.buf[wire.PREFIX.size : wire.PREFIX.size + head_len])))
+        del t.buf[:total]
+    return frames
+
+
+def zygote_main(mode: str, tmpfs_bytes: int) -> None:
+    _boot()
     # The zygote holds the jail's capabilities (nsjail keep_caps) so that each
     # executor can make its mount and pid namespaces without a user namespace
     # of its own (uid maps cost ~0.7 ms per execution). Private propagation
@@ -223,88 +386,127 @@ def zygote_main(mode: str, tmpfs_bytes: int) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select via the wakeup fd
-    ids: dict[int, int] = {}  # pid -> executor id
+    ids: dict[int, int] = {}  # pid -> executor id (the zygote's own executors and its templates')
+    templates: dict[int, _Template] = {}  # environment index -> its template
+    failures: dict[int, int] = {}  # environment index -> templates of it that died; past the cap, no more
     next_id = 0
+    asked = 0  # spawn requests read from the worker: each reply names the one it answers
     ctl.sendall(wire.encode({"op": "zygote_ready", "pid": os.getpid()}))
-    while True:
+
+    def lean(req: int) -> None:
+        nonlocal next_id
         try:
-            ready, _, _ = select.select([ctl.fileno(), wake_r], [], [])
+            pid, fds = _make_executor(
+                mode, tmpfs_bytes, filter_program, (wake_r, wake_w, ctl.fileno(), *_template_fds())
+            )
+        except OSError as exc:
+            ctl.sendall(wire.encode({"op": "spawn_error", "error": str(exc), "req": req}))
+            return
+        next_id += 1
+        ids[pid] = next_id
+        _send_fds(ctl, {"op": "executor", "id": next_id, "req": req, "warm": False}, fds)
+
+    def _template_fds() -> list[int]:
+        return [t.sock.fileno() for t in templates.values()]
+
+    def drop(t: _Template) -> None:
+        templates.pop(t.env, None)
+        failures[t.env] = failures.get(t.env, 0) + 1
+        for req in t.pending:
+            lean(req)  # asked of a template that is gone: served plainly, never lost
+        t.pending.clear()
+        for fd in t.fds:
+            os.close(fd)
+        t.sock.close()
+
+    while True:
+        watched = [ctl.fileno(), wake_r, *_template_fds()]
+        try:
+            ready, _, _ = select.select(watched, [], [])
         except InterruptedError:
             continue
         if wake_r in ready:
             os.read(wake_r, 512)
-        _reap(ctl, ids)
+        for pid, status, ru in _reaped():
+            ex_id = ids.pop(pid, None)
+            if ex_id is not None:  # ours, or a dead template's orphan (reparented to us)
+                ctl.sendall(wire.encode({**_exit_report(status, ru), "id": ex_id}))
+            for t in list(templates.values()):
+                if t.pid == pid:
+                    t.failed = True
+        for t in list(templates.values()):
+            if t.sock.fileno() not in ready and not t.failed:
+                continue
+            try:
+                frames = _template_frames(t) if t.sock.fileno() in ready else []
+            except (EOFError, OSError, ValueError):
+                frames, t.failed = [], True
+            for frame in frames:
+                op = frame.get("op")
+                if op == "template_ready":
+                    t.ready = True
+                elif op == "executor" and t.pending:
+                    next_id += 1
+                    ids[int(frame["pid"])] = next_id
+                    fds, t.fds = t.fds[:3], t.fds[3:]
+                    header = {"op": "executor", "id": next_id, "req": t.pending.pop(0), "warm": True}
+                    _send_fds(ctl, header, fds)
+                elif op == "spawn_error" and t.pending:
+                    lean(t.pending.pop(0))
+                elif op == "exit":
+                    ex_id = ids.pop(int(frame["pid"]), None)
+                    if ex_id is not None:
+                        frame.pop("pid")
+                        ctl.sendall(wire.encode({**frame, "id": ex_id}))
+            if t.failed:
+                drop(t)
         if ctl.fileno() not in ready:
             continue
         wanted = ctl.recv(64)
         if not wanted:
             os._exit(0)  # the worker is gone: end the jail (pid 1 exiting kills the rest)
-        for _ in wanted:
-            next_id += 1
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
-            try:
-                pid = _clone_namespaced(mode == "session")
-            except OSError as exc:
-                for fd in (out_r, out_w, err_r, err_w):
-                    os.close(fd)
-                ours.close()
-                theirs.close()
-                ctl.sendall(wire.encode({"op": "spawn_error", "error": str(exc)}))
+        for byte in wanted:
+            if byte >= wire.START_TEMPLATE:
+                env = byte - wire.START_TEMPLATE
+                started = (
+                    mode == "oneshot"
+                    and env < len(_ENVS)
+                    and bool(_ENVS[env][1])
+                    and env not in templates
+                    and failures.get(env, 0) < TEMPLATE_MAX_FAILURES  # past it, its preloads keep killing it
+                )
+                if started:
+                    try:
+                        templates[env] = _start_template(
+                            env, mode, tmpfs_bytes, filter_program, (wake_r, wake_w, ctl.fileno(), *_template_fds())
+                        )
+                    except OSError:
+                        started = False
+                ctl.sendall(wire.encode({"op": "template", "env": env, "started": started}))
                 continue
-            if pid == 0:
-                code = 70
-                try:
-                    signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    for fd in (wake_r, wake_w, out_r, err_r):
-                        os.close(fd)
-                    ctl.close()
-                    ours.close()
-                    code = executor_main(theirs, out_w, err_w, filter_program, mode, tmpfs_bytes)
-                except BaseException:
-                    pass  # nothing of the harness may reach the program's output; the status says enough
-                finally:
-                    _exit(code)
-            ids[pid] = next_id
-            theirs.close()
-            os.close(out_w)
-            os.close(err_w)
-            fds = array.array("i", [ours.fileno(), out_r, err_r])
-            ctl.sendmsg(
-                [wire.encode({"op": "executor", "id": next_id})],
-                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())],
-            )
-            ours.close()
-            os.close(out_r)
-            os.close(err_r)
+            asked += 1
+            env = byte - wire.SPAWN_ENV
+            tpl = templates.get(env) if byte != wire.SPAWN_LEAN else None
+            if tpl is None or not tpl.ready:
+                lean(asked)  # no template (not asked for, or gone), or still importing: a plain one
+                continue
+            tpl.pending.append(asked)
+            try:
+                tpl.sock.sendall(b"f")
+            except OSError:
+                drop(tpl)  # it died just now: what was asked of it is served plainly
 
 
-def _reap(ctl: socket.socket, ids: dict[int, int]) -> None:
+def _reaped() -> list[tuple[int, int, Any]]:
+    out: list[tuple[int, int, Any]] = []
     while True:
         try:
             pid, status, ru = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return out
         if pid == 0:
-            return
-        ex_id = ids.pop(pid, None)
-        if ex_id is None:
-            continue  # an orphan reparented to us: nothing to report
-        msg: dict[str, object] = {
-            "op": "exit",
-            "id": ex_id,
-            "cpu_s": ru.ru_utime + ru.ru_stime,
-            "max_rss_kb": ru.ru_maxrss,
-        }
-        if os.WIFSIGNALED(status):
-            msg["signal"] = os.WTERMSIG(status)
-            msg["exit_code"] = 128 + os.WTERMSIG(status)
-        else:
-            msg["signal"] = None
-            msg["exit_code"] = os.WEXITSTATUS(status)
-        ctl.sendall(wire.encode(msg))
+            return out
+        out.append((pid, status, ru))
 
 
 # ------------------------------------------------------------------------- executor
@@ -387,7 +589,7 @@ def executor_main(
     _reseed()
     if mode == "session":
         _stdin(b"")  # each cell gets its stdin as a buffer; fd 0 stays a valid empty file
-        return _session_loop(sock, req, body)
+        return _session_loop(sock, req, body, _env_site(req))
     try:
         code, stdin = _stage(req, body)
     except (OSError, ValueError) as exc:
@@ -398,10 +600,11 @@ def executor_main(
     _stdin(stdin)
     fetch = req.get("fetch")
     script = WORKDIR + "/" + str(req["script"]) if req.get("script") else None
+    site = _env_site(req)
     if fetch:
-        return _run_and_fetch(sock, code, script, list(fetch), int(req["fetch_max_bytes"]))
+        return _run_and_fetch(sock, code, script, site, list(fetch), int(req["fetch_max_bytes"]))
     sock.close()  # the program gets no channel to the worker
-    return _run_oneshot(code, script)
+    return _run_oneshot(code, script, site)
 
 
 def _send(sock: socket.socket, header: dict[str, Any] | bytes, body: bytes = b"") -> None:
@@ -487,10 +690,19 @@ def _reseed() -> None:
     import random
 
     random.seed()  # the zygote's state is shared by every child: start each afresh
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # a template's numpy: its global generator was seeded once, for every executor
+        numpy.random.seed()
 
 
-def _fresh_main(script: str | None = None) -> dict[str, Any]:
-    """``__main__`` as CPython makes it for ``python -c`` (no script) or ``python <script>``."""
+def _env_site(req: dict[str, Any]) -> str | None:
+    env = req.get("env")
+    return _ENVS[env][0] if type(env) is int and 0 <= env < len(_ENVS) else None
+
+
+def _fresh_main(script: str | None = None, site: str | None = None) -> dict[str, Any]:
+    """``__main__`` as CPython makes it for ``python -c`` (no script) or ``python <script>``; the step's
+    environment, if any, last on the path, where site-packages would be."""
     import types
 
     for name in [m for m in sys.modules if m in ("seccomp", "wire", "__mp_main__")]:
@@ -498,13 +710,14 @@ def _fresh_main(script: str | None = None) -> dict[str, Any]:
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins  # the real module: the program's own, to change as it likes
     sys.modules["__main__"] = main
+    tail = [site] if site else []
     if script:
         main.__dict__.update(__file__=script, __cached__=None)
         sys.argv = [script]
-        sys.path[:] = [_dirname(script), *_PROGRAM_PATH]
+        sys.path[:] = [_dirname(script), *_PROGRAM_PATH, *tail]
     else:
         sys.argv = ["-c"]
-        sys.path[:] = ["", *_PROGRAM_PATH]
+        sys.path[:] = ["", *_PROGRAM_PATH, *tail]
     return main.__dict__
 
 
@@ -588,13 +801,15 @@ def _end_program(rc: int) -> int:
     return rc
 
 
-def _run_oneshot(code: bytes, script: str | None) -> int:
-    namespace = _fresh_main(script)
+def _run_oneshot(code: bytes, script: str | None, site: str | None) -> int:
+    namespace = _fresh_main(script, site)
     _stdio()
     return _end_program(_exec_code(code, namespace, script or "<program>"))
 
 
-def _run_and_fetch(sock: socket.socket, code: bytes, script: str | None, paths: list[str], cap: int) -> int:
+def _run_and_fetch(
+    sock: socket.socket, code: bytes, script: str | None, site: str | None, paths: list[str], cap: int
+) -> int:
     """A one-shot whose files are returned after it ends, as SandboxFusion's ``fetch_files``.
 
     The program runs in a child, exactly as any one-shot (its threads joined, its exit handlers run, its
@@ -609,7 +824,7 @@ def _run_and_fetch(sock: socket.socket, code: bytes, script: str | None, paths: 
         rc = 70
         try:
             sock.close()
-            rc = _run_oneshot(code, script)
+            rc = _run_oneshot(code, script, site)
         finally:
             _exit(rc)
     _signal(signal.SIGINT, signal.SIG_IGN)
@@ -677,13 +892,13 @@ def _collect(paths: list[str], cap: int) -> tuple[list[int], dict[str, str], byt
     return sizes, missing, b"".join(chunks)
 
 
-def _session_loop(sock: socket.socket, req: dict[str, Any], body: bytes) -> int:
+def _session_loop(sock: socket.socket, req: dict[str, Any], body: bytes, site: str | None) -> int:
     """Cells in one interpreter, one reply each, carrying its request's tag (the worker's check that a frame
     the program wrote on this channel cannot stand in for a later cell's reply). Outside its cells (while
     the harness reads, writes and cleans up) SIGINT is held back: the worker's interrupt at a cell's
     deadline belongs to that cell, and one that lands after the cell finished is dropped instead of
     breaking the harness or the next cell."""
-    namespace = _fresh_main()
+    namespace = _fresh_main(None, site)
     _stdio()
     cell = 0
     sigint = {signal.SIGINT}
@@ -751,6 +966,7 @@ def _reap_strays() -> None:
 
 if __name__ == "__main__":
     try:
+        _ENVS[:] = [(str(site), [str(m) for m in mods]) for site, mods in json.loads(sys.argv[3])]
         zygote_main(sys.argv[1], int(sys.argv[2]))
     except KeyboardInterrupt:
         pass
