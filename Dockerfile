@@ -23,10 +23,11 @@ RUN pip wheel --wheel-dir /envwheels -r sandboxd/runners/python/environments/def
 
 # ---- runtime: Debian's Chromium and nsjail's libraries, the wheels, no build tools
 FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS runtime
-# The same Debian packages scripts/setup.sh installs for a node (tests/test_deploy.py keeps them in step),
-# and tini as PID 1 so that whatever a sandbox leaves behind is reaped.
+# The same Debian packages scripts/setup.sh installs for a node (tests/test_deploy.py keeps them in step):
+# the code runner's toolchains among them (Debian's, on amd64 and arm64 alike), and tini as PID 1 so that
+# whatever a sandbox leaves behind is reaped.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libnl-route-3-200 ca-certificates chromium fonts-dejavu-core tini \
+ && apt-get install -y --no-install-recommends libnl-route-3-200 ca-certificates chromium fonts-dejavu-core g++ openjdk-17-jdk-headless golang-go rustc nodejs tini \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /wheels /wheels
 COPY --from=build /envwheels /envwheels

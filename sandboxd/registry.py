@@ -21,6 +21,7 @@ from sandboxd.runners.base import RunnerKind, import_string
 
 BUILTIN: dict[str, str] = {
     "python": "sandboxd.runners.python:KIND",
+    "code": "sandboxd.runners.code:KIND",
     "tools": "sandboxd.runners.tools:KIND",
     "sql": "sandboxd.runners.sql:KIND",
     "textgame": "sandboxd.runners.textgame:KIND",

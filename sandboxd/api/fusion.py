@@ -40,7 +40,7 @@ from sandboxd.front.gateway import Gateway
 from sandboxd.models import Limits, StepRequest, StepResult
 from sandboxd.runners.python.config import PythonRunnerConfig
 
-LANGUAGES = ("python", "sql")  # the ones this node can run; SandboxFusion's others get a clear 422
+NATIVE = ("python", "sql")  # run by their own kinds; the ``code`` kind's languages (when enabled) too
 MIN_MEMORY_MB = 16  # the smallest sandbox the runner makes (Limits.memory_mb)
 MAX_FETCH_FILES = 1000  # as the python runner's fetch_files
 
@@ -51,8 +51,14 @@ class RunCodeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     code: str = Field(..., description="The program (for sql: the query).")
-    language: str = Field("python", description="python or sql here; verl's tutorial sends none: python.")
-    compile_timeout: float = Field(10.0, ge=0, description="Seconds; no compile step here, but part of the deadline.")
+    language: str = Field(
+        "python",
+        description="python, sql, and with the code runner cpp, c, java, go, rust, nodejs (js), bash, pytest; "
+        "verl's tutorial sends none: python.",
+    )
+    compile_timeout: float = Field(
+        10.0, ge=0, description="Seconds a compilation may take (compiled languages); part of the deadline."
+    )
     run_timeout: float = Field(10.0, gt=0, description="Seconds the program may run.")
     memory_limit_MB: int = Field(-1, description="-1 = the node's default; more than the node's maximum gets it.")
     stdin: str | None = None
@@ -127,6 +133,34 @@ def python_result(res: StepResult, memory_mb: int) -> dict[str, Any]:
     }
 
 
+def code_results(res: StepResult, memory_mb: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """SandboxFusion's ``compile_result`` and ``run_result`` from a ``code`` step: a compilation that failed
+    is ``Finished`` with its non-zero return code (or ``TimeLimitExceeded``) and no run, as SandboxFusion
+    reports it (verl maps that to its compile-error code, -4)."""
+    obs = res.observation or {}
+    compiled = obs.get("compile")
+    compile_result = None
+    compile_ms = 0.0
+    if compiled is not None:
+        compile_ms = float(compiled.get("wall_ms") or 0.0)
+        timed_out = bool(compiled.get("timed_out"))
+        compile_result = {
+            "status": "TimeLimitExceeded" if timed_out else "Finished",
+            "execution_time": round(compile_ms / 1000, 4),
+            "cpu_time": round(compiled["cpu_ms"] / 1000, 4) if compiled.get("cpu_ms") is not None else None,
+            "return_code": None if timed_out else compiled.get("exit_code"),
+            "stdout": compiled.get("stdout", ""),
+            "stderr": compiled.get("stderr", ""),
+            "killed_by": compiled.get("killed_by"),
+            "cached": bool(compiled.get("cached")),
+        }
+        if res.error is not None and res.error.code == "compile_error":
+            return compile_result, None
+    run = python_result(res, memory_mb)
+    run["execution_time"] = round(max(res.latency_ms - compile_ms, 0.0) / 1000, 4)
+    return compile_result, run
+
+
 def sql_result(res: StepResult) -> dict[str, Any]:
     """Rows as CSV with a header line on stdout; an SQL error is the program's: return code 1, message on stderr."""
     obs = res.observation or {}
@@ -182,9 +216,10 @@ class FusionRunner:
 
     async def run(self, req: RunCodeRequest, tenant: str) -> dict[str, Any]:
         settings = self.gateway.settings
-        if req.language not in LANGUAGES:
+        languages = self._languages()
+        if req.language not in languages:
             raise BadRequest(
-                f"language {req.language!r} is not available on this node (available: {', '.join(LANGUAGES)})"
+                f"language {req.language!r} is not available on this node (available: {', '.join(languages)})"
             )
         # Never longer than any step may wait here (queue_timeout_s): a huge compile_timeout holds no connection.
         wait_s = min(req.compile_timeout + settings.fusion_queue_grace_s, settings.queue_timeout_s)
@@ -197,6 +232,8 @@ class FusionRunner:
             self._check(res)
             result = sql_result(res)
             return self._response(result, {}, "", res)
+        if req.language not in NATIVE:
+            return await self._code(req, tenant, deadline)
         memory_mb = self._python().memory_mb
         if 0 < req.memory_limit_MB < MIN_MEMORY_MB:
             raise BadRequest(f"memory_limit_MB: {req.memory_limit_MB} is below the smallest sandbox ({MIN_MEMORY_MB})")
@@ -222,12 +259,56 @@ class FusionRunner:
             python_result(res, memory_mb), obs.get("files") or {}, note and f"fetch_files: {note}", res
         )
 
-    def _response(self, result: dict[str, Any], files: dict[str, str], note: str, res: StepResult) -> dict[str, Any]:
-        status = run_status([result])
+    def _languages(self) -> list[str]:
+        kinds = self.gateway.kinds
+        names = [lang for lang in NATIVE if lang in kinds]
+        if "code" in kinds:
+            from sandboxd.runners.code.config import CodeRunnerConfig
+            from sandboxd.runners.code.runner import node_toolchains
+
+            cfg = self.gateway.settings.runner_config("code")
+            assert isinstance(cfg, CodeRunnerConfig)
+            names += sorted(n for n in node_toolchains(cfg) if n not in NATIVE)
+        return names
+
+    async def _code(self, req: RunCodeRequest, tenant: str, deadline: float) -> dict[str, Any]:
+        """A language of the ``code`` kind: compiled (with its cache) and run in one step."""
+        from sandboxd.runners.code.config import CodeRunnerConfig
+
+        cfg = self.gateway.settings.runner_config("code")
+        assert isinstance(cfg, CodeRunnerConfig)
+        if req.fetch_files:
+            raise BadRequest(f"fetch_files is supported for python here, not for {req.language!r}")
+        if 0 < req.memory_limit_MB < MIN_MEMORY_MB:
+            raise BadRequest(f"memory_limit_MB: {req.memory_limit_MB} is below the smallest sandbox ({MIN_MEMORY_MB})")
+        memory_mb = min(req.memory_limit_MB, cfg.memory_mb) if req.memory_limit_MB > 0 else cfg.memory_mb
+        action: dict[str, Any] = {
+            "language": req.language,
+            "code": req.code,
+            "stdin": req.stdin or "",
+            "files": {p: c or "" for p, c in req.files.items()},
+            "file_encoding": "base64",
+            "compile_timeout_s": min(max(req.compile_timeout, 0.1), cfg.compile_timeout_s),
+        }
+        step = StepRequest(runner="code", action=action, timeout_s=req.run_timeout, limits=Limits(memory_mb=memory_mb))
+        res = await self._until_admitted(lambda: self.gateway.step(step, tenant, deadline), deadline)
+        self._check(res)
+        compile_result, run_result = code_results(res, memory_mb)
+        return self._response(run_result, {}, "", res, compile_result)
+
+    def _response(
+        self,
+        result: dict[str, Any] | None,
+        files: dict[str, str],
+        note: str,
+        res: StepResult,
+        compile_result: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        status = run_status([compile_result, result])
         return {
             "status": status,
             "message": note,
-            "compile_result": None,
+            "compile_result": compile_result,
             "run_result": result,
             "executor_pod_name": self.gateway.settings.node_id,
             "files": files,
@@ -243,7 +324,8 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     @api.post("/run_code", tags=["sandboxfusion"])
     async def run_code(req: RunCodeRequest, tenant: Tenant) -> Response:
-        """SandboxFusion's ``/run_code``: python (jailed) and sql (DuckDB); always 200 for execution outcomes."""
+        """SandboxFusion's ``/run_code``: python (jailed), sql (DuckDB), and the code runner's languages (cpp,
+        java, go, rust, nodejs, bash, pytest, ...: compiled once, cached); always 200 for execution outcomes."""
         return json_response(await runner.run(req, tenant))
 
     @api.get("/v1/ping", tags=["sandboxfusion"])

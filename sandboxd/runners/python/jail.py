@@ -563,13 +563,16 @@ def _exit_code(ex: Executor) -> int | None:
     return None
 
 
-async def _harness_frame(sock: socket.socket, max_body: int) -> tuple[dict[str, Any], bytes] | None:
+async def _harness_frame(
+    sock: socket.socket, max_body: int, reading: asyncio.Future[tuple[dict[str, Any], bytes]] | None = None
+) -> tuple[dict[str, Any], bytes] | None:
     """The one-shot harness's last word (files it fetched, or why it could not stage the step), if it sent
     one. Only the harness ever holds a one-shot's channel: the program runs after it is closed, or in a
-    child that closed it first."""
+    child that closed it first. ``reading``: the read, started when the request went out (a frame larger
+    than the socket's buffer is only sent whole while someone reads it, and the harness exits after)."""
     try:
         async with asyncio.timeout(HARNESS_FRAME_TIMEOUT_S):
-            return await recv_frame(sock, wire.MAX_HEADER_BYTES, max_body)
+            return await (reading if reading is not None else recv_frame(sock, wire.MAX_HEADER_BYTES, max_body))
     except (TimeoutError, wire.WireError, OSError):
         return None
 
@@ -619,8 +622,13 @@ async def run_step(
     for fd in open_fds:
         loop.add_reader(fd, readable, fd)
     step_exit: dict[str, Any] | None = None
+    reading: asyncio.Future[tuple[dict[str, Any], bytes]] | None = None
     try:
         await loop.sock_sendall(ex.sock, wire.encode(header, body))
+        if not session and "fetch" in header:
+            reading = asyncio.ensure_future(
+                recv_frame(ex.sock, wire.MAX_HEADER_BYTES, header.get("fetch_max_bytes", 0))
+            )
         starvation = None
         if cgroup is not None:
             starvation = Starvation(
@@ -683,13 +691,18 @@ async def run_step(
             await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)  # the zygote's report
             # Everything in its pid namespace died with it, so the pipes close at once.
             await asyncio.wait({done}, timeout=SANDBOX_READY_TIMEOUT_S)
-            if killed_by is None and not timed_out and (header.get("fetch") or _exit_code(ex) == STAGE_FAILED):
-                harness = await _harness_frame(ex.sock, header.get("fetch_max_bytes", 0))
+            if killed_by is None and not timed_out and ("fetch" in header or _exit_code(ex) == STAGE_FAILED):
+                harness = await _harness_frame(ex.sock, header.get("fetch_max_bytes", 0), reading)
         if session and not waiter.done():
             waiter.cancel()
         elif session and not waiter.cancelled():
             waiter.exception()  # retrieved: a channel that closed with its executor is not worth a log line
     finally:
+        if reading is not None:
+            if not reading.done():
+                reading.cancel()
+            elif not reading.cancelled():
+                reading.exception()  # retrieved: a channel that closed with its executor says nothing more
         for fd in list(open_fds):
             loop.remove_reader(fd)
             # drain what was written before the step ended
@@ -719,9 +732,9 @@ async def run_step(
         elif head.get("op") == "fetched":
             # The program's own status, as the process that ran nothing of it saw it end, and its files.
             result.update(exit_code=head.get("exit_code"), signal=head.get("signal"), fetched=(head, files))
-    elif header.get("fetch"):
+    elif "fetch" in header:
         result["fetched"] = None  # the sandbox ended before the files could be read
-    if header.get("fetch"):
+    if "fetch" in header:
         result["fetch_paths"] = header["fetch"]
     if result.get("signal") == signal.SIGXCPU or (
         result.get("signal") == signal.SIGKILL

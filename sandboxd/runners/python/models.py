@@ -14,6 +14,20 @@ MAX_NAME_BYTES = 255  # one path component (NAME_MAX)
 MAX_PATH_BYTES = 1024
 
 
+def check_relative_paths(files: dict[str, str]) -> dict[str, str]:
+    """Anything the sandbox could not create is the client's error here, never the program's or ours."""
+    for path in files:
+        norm = posixpath.normpath(path)
+        if not path or path.startswith("/") or norm.startswith("..") or "\x00" in path or norm == ".":
+            raise ValueError(f"file path must be relative and stay inside the workdir: {path!r}")
+        if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+            raise ValueError(f"file path longer than {MAX_PATH_BYTES} bytes: {path[:40]!r}...")
+        long = [p for p in norm.split("/") if len(p.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES]
+        if long:
+            raise ValueError(f"file name component longer than {MAX_NAME_BYTES} bytes: {long[0][:40]!r}...")
+    return files
+
+
 class PythonAction(BaseModel):
     """Run ``code`` as a Python program (one-shot) or as the next cell of a session."""
 
@@ -62,17 +76,7 @@ class PythonAction(BaseModel):
     @field_validator("files")
     @classmethod
     def _relative_paths(cls, files: dict[str, str]) -> dict[str, str]:
-        """Anything the sandbox could not create is the client's error here, never the program's or ours."""
-        for path in files:
-            norm = posixpath.normpath(path)
-            if not path or path.startswith("/") or norm.startswith("..") or "\x00" in path or norm == ".":
-                raise ValueError(f"file path must be relative and stay inside the workdir: {path!r}")
-            if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
-                raise ValueError(f"file path longer than {MAX_PATH_BYTES} bytes: {path[:40]!r}...")
-            long = [p for p in norm.split("/") if len(p.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES]
-            if long:
-                raise ValueError(f"file name component longer than {MAX_NAME_BYTES} bytes: {long[0][:40]!r}...")
-        return files
+        return check_relative_paths(files)
 
     @field_validator("fetch_files")
     @classmethod

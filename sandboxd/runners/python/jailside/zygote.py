@@ -44,6 +44,7 @@ import stat
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # inside the jail these are plain modules beside this file (no sandboxd package there)
@@ -599,12 +600,35 @@ def executor_main(
     _limits(req, session=False)
     _stdin(stdin)
     fetch = req.get("fetch")
+    spec = req.get("exec")
+    if isinstance(spec, dict):  # another program: run in a child, its status and files reported from here
+        return _run_and_fetch(sock, lambda: _exec_program(spec), list(fetch or []), int(req.get("fetch_max_bytes", 0)))
     script = WORKDIR + "/" + str(req["script"]) if req.get("script") else None
     site = _env_site(req)
     if fetch:
-        return _run_and_fetch(sock, code, script, site, list(fetch), int(req["fetch_max_bytes"]))
+        return _run_and_fetch(sock, lambda: _run_oneshot(code, script, site), list(fetch), int(req["fetch_max_bytes"]))
     sock.close()  # the program gets no channel to the worker
     return _run_oneshot(code, script, site)
+
+
+def _exec_program(spec: dict[str, Any]) -> int:
+    """Replace this process with ``spec["argv"]`` (a compiler, a compiled program, an interpreter), in the
+    jail's environment with ``spec["environ"]`` over it, found on its PATH, after marking ``spec["x"]`` (staged files) executable. The signals
+    CPython ignores (SIGPIPE, SIGXFSZ) get their default action back, as ``subprocess`` does: a program
+    writing to a closed pipe or past its file-size limit ends as it would anywhere."""
+    for rel in spec.get("x", []):
+        path = _normpath(WORKDIR + "/" + str(rel))
+        if path.startswith(WORKDIR + "/"):
+            os.chmod(path, 0o755)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+    argv = [str(a) for a in spec["argv"]]
+    environ = {**os.environ, **{str(k): str(v) for k, v in dict(spec.get("environ") or {}).items()}}
+    try:
+        os.execvpe(argv[0], argv, environ)
+    except OSError as exc:
+        os.write(2, f"sandboxd: cannot run {argv[0]}: {exc.strerror}\n".encode())
+    return 127
 
 
 def _send(sock: socket.socket, header: dict[str, Any] | bytes, body: bytes = b"") -> None:
@@ -807,10 +831,9 @@ def _run_oneshot(code: bytes, script: str | None, site: str | None) -> int:
     return _end_program(_exec_code(code, namespace, script or "<program>"))
 
 
-def _run_and_fetch(
-    sock: socket.socket, code: bytes, script: str | None, site: str | None, paths: list[str], cap: int
-) -> int:
-    """A one-shot whose files are returned after it ends, as SandboxFusion's ``fetch_files``.
+def _run_and_fetch(sock: socket.socket, program: Callable[[], int], paths: list[str], cap: int) -> int:
+    """A one-shot whose files are returned after it ends, as SandboxFusion's ``fetch_files``; and every
+    one-shot that runs another program (``_exec_program``), whose status only its parent can report.
 
     The program runs in a child, exactly as any one-shot (its threads joined, its exit handlers run, its
     status its own); this process, which never ran a line of it, waits for it, reads the files from the
@@ -824,7 +847,7 @@ def _run_and_fetch(
         rc = 70
         try:
             sock.close()
-            rc = _run_oneshot(code, script, site)
+            rc = program()
         finally:
             _exit(rc)
     _signal(signal.SIGINT, signal.SIG_IGN)

@@ -1,0 +1,97 @@
+"""The ``code`` runner kind: C, C++, Java, Go, Rust, JavaScript, bash and pytest programs, compiled once
+(with a compile cache) and run once or per test case, in the python kind's nsjail jails."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandboxd.errors import BadRequest, PayloadTooLarge
+from sandboxd.runners.base import RunnerKind, StepLimits
+from sandboxd.runners.code.config import CodeRunnerConfig
+from sandboxd.runners.code.models import CodeAction, CodeObservation
+
+
+def admit(action: CodeAction, limits: StepLimits, cfg: CodeRunnerConfig) -> None:
+    """The language and flags this node takes, payload caps, limits within the node's maxima."""
+    from sandboxd.runners.code.languages import check_flags
+    from sandboxd.runners.code.runner import node_toolchains
+
+    chains = node_toolchains(cfg)
+    chain = chains.get(action.language)
+    if chain is None:
+        names = sorted({c.language.name for c in chains.values()})
+        raise BadRequest(f"language {action.language!r} is not available on this node (available: {', '.join(names)})")
+    if action.flags is not None:
+        if not chain.language.compile:
+            raise BadRequest(f"action.flags: {chain.language.name} is not compiled")
+        why = check_flags(chain.language, action.flags)
+        if why:
+            raise BadRequest(f"action.flags: {why}")
+    for what, size, cap in (
+        ("code", len(action.code.encode()), cfg.max_code_bytes),
+        ("stdin", len(action.stdin.encode()), cfg.max_stdin_bytes),
+        ("files", sum(len(d) for _, d in action.file_bytes()), cfg.max_files_bytes),
+    ):
+        if size > cap:
+            raise PayloadTooLarge(f"action.{what} is {size} bytes; this node takes at most {cap}")
+    cases = action.cases or []
+    if len(cases) > cfg.max_cases:
+        raise BadRequest(f"action.cases: {len(cases)} cases; this node takes at most {cfg.max_cases} per step")
+    stdin = sum(len(c.stdin.encode()) for c in cases)
+    if stdin > cfg.max_stdin_bytes:
+        raise PayloadTooLarge(
+            f"action.cases hold {stdin} bytes of stdin; this node takes at most {cfg.max_stdin_bytes}"
+        )
+    for i, case in enumerate(cases):
+        if case.memory_mb is not None and case.memory_mb > cfg.memory_mb:
+            raise BadRequest(
+                f"action.cases[{i}].memory_mb: {case.memory_mb} exceeds this node's maximum {cfg.memory_mb}"
+            )
+        if case.timeout_s is not None and case.timeout_s > limits.timeout_s:
+            raise BadRequest(
+                f"action.cases[{i}].timeout_s: {case.timeout_s} exceeds the step's timeout_s {limits.timeout_s}"
+            )
+    if limits.memory_mb is not None and limits.memory_mb > cfg.memory_mb:
+        raise BadRequest(f"limits.memory_mb: {limits.memory_mb} exceeds this node's maximum {cfg.memory_mb}")
+    if limits.max_output_bytes is not None and limits.max_output_bytes > cfg.max_output_bytes:
+        raise BadRequest(
+            f"limits.max_output_bytes: {limits.max_output_bytes} exceeds this node's maximum {cfg.max_output_bytes}"
+        )
+
+
+def describe(cfg: CodeRunnerConfig) -> dict[str, Any]:
+    """The languages this node runs, with their toolchains and commands."""
+    from sandboxd.runners.code.runner import node_toolchains
+
+    out: dict[str, Any] = {}
+    for name, chain in sorted(node_toolchains(cfg).items()):
+        lang = chain.language
+        if name != lang.name:
+            continue
+        out[name] = {
+            "aliases": list(lang.aliases),
+            "toolchain": chain.version,
+            "source": lang.source,
+            "compile": list(lang.compile) or None,
+            "default_flags": list(lang.default_flags),
+            "allowed_flags": lang.allowed_flags.pattern if lang.allowed_flags else None,
+            "run": list(lang.run),
+        }
+    return {"languages": out}
+
+
+def _admit(action: Any, limits: StepLimits, cfg: Any) -> None:
+    admit(action, limits, cfg)
+
+
+KIND = RunnerKind(
+    name="code",
+    title="Compiled and interpreted languages in nsjail sandboxes: compile once, run per test case",
+    config=CodeRunnerConfig,
+    action=CodeAction,
+    observation=CodeObservation,
+    runner="sandboxd.runners.code.runner:CodeRunner",
+    admit=_admit,
+    describe=describe,
+    no_fork="code steps are one-shots: the code runner has no sessions to fork",
+)

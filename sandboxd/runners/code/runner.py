@@ -1,0 +1,278 @@
+"""The ``code`` runner: compile once, run once or per case, in the python kind's warm jails.
+
+It is the python runner's pool of one-shot jails (a zygote per jail, one executor per execution, its
+cgroup, seccomp, namespaces; ``runners/python``) driven with another program: each execution's executor
+stages the files, takes its limits and then runs the language's command in a child it waits for
+(``jailside/zygote.py``, ``_exec_program``), reporting its status and the files asked for. A step holds
+one slot (what admission gave it) for its compilation and its runs, one after the other: compilation
+with its own time and memory limits, its artifact fetched back to the worker (and into the compile
+cache), then staged, executable, for every run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+from typing import Any
+
+from sandboxd.errors import BadRequest
+from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome
+from sandboxd.runners.code.cache import CompileCache, cache_key
+from sandboxd.runners.code.config import CodeRunnerConfig
+from sandboxd.runners.code.languages import Toolchain, installed
+from sandboxd.runners.code.models import CaseResult, CodeAction, CodeObservation, CompileObservation, TestCase
+from sandboxd.runners.python.environments import available
+from sandboxd.runners.python.jail import python_executable
+from sandboxd.runners.python.models import PythonObservation
+from sandboxd.runners.python.runner import PythonRunner, Slot
+
+
+@functools.cache
+def toolchains(prefix: str, enabled: tuple[str, ...], environments_dir: str) -> dict[str, Toolchain]:
+    """What this host can compile and run (probed once per process)."""
+    site = available(environments_dir).get("default")
+    return installed(python_executable(prefix), list(enabled), site.site if site else None)
+
+
+def node_toolchains(cfg: CodeRunnerConfig) -> dict[str, Toolchain]:
+    return toolchains(cfg.resolved_prefix(), tuple(cfg.languages), cfg.environments_dir)
+
+
+def judge(compare: str, expected: str, got: str) -> bool:
+    if compare == "exact":
+        return got == expected
+    if compare == "tokens":
+        return got.split() == expected.split()
+    lines = [line.rstrip() for line in got.rstrip().split("\n")]
+    want = [line.rstrip() for line in expected.rstrip().split("\n")]
+    return lines == want
+
+
+def case_verdict(obs: PythonObservation, case: TestCase, compare: str) -> CaseResult:
+    if obs.timed_out:
+        verdict = "time_limit"
+    elif obs.killed_by in ("memory", "output"):
+        verdict = f"{obs.killed_by}_limit"
+    elif obs.exit_code != 0:
+        verdict = "runtime_error"
+    elif case.expected_stdout is None:
+        verdict = "finished"
+    else:
+        verdict = "accepted" if judge(compare, case.expected_stdout, obs.stdout) else "wrong_answer"
+    return CaseResult(
+        verdict=verdict,  # type: ignore[arg-type]
+        exit_code=obs.exit_code,
+        signal=obs.signal,
+        stdout=obs.stdout,
+        stderr=obs.stderr,
+        stdout_truncated=obs.stdout_truncated,
+        timed_out=obs.timed_out,
+        killed_by=obs.killed_by,
+        cpu_ms=obs.cpu_ms,
+        max_rss_kb=obs.max_rss_kb,
+    )
+
+
+class CodeRunner(PythonRunner):
+    def __init__(self, cfg: CodeRunnerConfig, ctx: RunnerContext) -> None:
+        super().__init__(cfg, ctx)
+        self.code_cfg = cfg
+        self.cache = CompileCache(cfg.compile_cache_dir, cfg.compile_cache_mb << 20)
+        self.stats.update(compiles=0, compile_cache_hits=0, compile_errors=0, cases_run=0)
+
+    async def start(self) -> None:
+        await asyncio.to_thread(node_toolchains, self.code_cfg)
+        await super().start()
+
+    async def open_session(self, session_id: str, options: dict[str, Any]) -> None:
+        raise BadRequest("the code runner runs one-shot steps (compile and run); sessions are the python kind's")
+
+    async def step(self, action: Any, session_id: str | None, limits: StepLimits) -> StepOutcome:
+        assert isinstance(action, CodeAction)
+        if session_id is not None:
+            raise BadRequest("the code runner runs one-shot steps; it has no sessions")
+        chain = node_toolchains(self.code_cfg).get(action.language)
+        if chain is None:
+            raise BadRequest(f"language {action.language!r} is not available on this node")
+        if not self.cfg.warm_pool:
+            async with self._cold:
+                return await self._program(None, chain, action, limits)
+        slot = await self.free.get()
+        try:
+            return await self._program(slot, chain, action, limits)
+        finally:
+            self.free.put_nowait(slot)
+
+    async def _program(
+        self, slot: Slot | None, chain: Toolchain, action: CodeAction, limits: StepLimits
+    ) -> StepOutcome:
+        lang = chain.language
+        source = action.code.encode()
+        files = action.file_bytes()
+        if lang.compile:
+            flags = tuple(action.flags) if action.flags is not None else lang.default_flags
+            # The whole command, not only the flags: a change of the table's command is a new entry.
+            key = cache_key(lang.name, chain.version, lang.compile_argv(flags), source, files)
+            artifact = await asyncio.to_thread(self.cache.get, key)
+            if artifact is not None:
+                self.stats["compile_cache_hits"] += 1
+                compiled = CompileObservation(exit_code=0, cached=True)
+            else:
+                compiled, artifact, failed = await self._compile(
+                    slot, chain, action, flags, [*files, (lang.source, source)]
+                )
+                if failed is not None:
+                    obs = CodeObservation(language=lang.name, compile=compiled)
+                    return StepOutcome(observation=obs, failure=failed, killed_by=compiled.killed_by)
+                assert artifact is not None
+                await asyncio.to_thread(self.cache.put, key, artifact)
+            run_files, executable = [*files, (lang.artifact, artifact)], [lang.artifact]
+        else:
+            compiled, run_files, executable = None, [*files, (lang.source, source)], []
+        if action.cases is None:
+            outcome = await self._run(slot, chain, run_files, executable, action.stdin.encode(), limits)
+            assert isinstance(outcome.observation, PythonObservation)
+            obs = CodeObservation(**outcome.observation.model_dump(), language=lang.name, compile=compiled)
+            return StepOutcome(
+                observation=obs, failure=outcome.failure, killed_by=outcome.killed_by, limits_hit=outcome.limits_hit
+            )
+        return await self._cases(slot, chain, action, compiled, run_files, executable, limits)
+
+    async def _compile(
+        self,
+        slot: Slot | None,
+        chain: Toolchain,
+        action: CodeAction,
+        flags: tuple[str, ...],
+        files: list[tuple[str, bytes]],
+    ) -> tuple[CompileObservation, bytes | None, ProgramFailure | None]:
+        lang, cfg = chain.language, self.code_cfg
+        timeout = min(action.compile_timeout_s or cfg.compile_timeout_s, cfg.compile_timeout_s)
+        limits = StepLimits(timeout_s=timeout, memory_mb=cfg.compile_memory_mb, max_output_bytes=None)
+        header, body = self._exec_request(lang.compile_argv(flags), lang.environ, files, b"", limits, [lang.artifact])
+        self.stats["compiles"] += 1
+        started = asyncio.get_running_loop().time()
+        outcome = await self._execute(slot, header, body, limits)
+        wall_ms = round((asyncio.get_running_loop().time() - started) * 1000, 3)
+        obs = outcome.observation
+        assert isinstance(obs, PythonObservation)
+        compiled = CompileObservation(
+            exit_code=obs.exit_code,
+            stdout=obs.stdout,
+            stderr=obs.stderr,
+            timed_out=obs.timed_out,
+            killed_by=obs.killed_by,
+            cpu_ms=obs.cpu_ms,
+            wall_ms=wall_ms,
+        )
+        artifact = (obs.files or {}).get(lang.artifact)
+        if outcome.failure is None and artifact is not None:
+            return compiled, base64.b64decode(artifact), None
+        self.stats["compile_errors"] += 1
+        if outcome.failure is None:  # it said it succeeded and left nothing we can take
+            why = (obs.files_missing or {}).get(lang.artifact, "absent")
+            return compiled, None, ProgramFailure("compile_error", f"the compiler left no {lang.artifact}: {why}")
+        if obs.timed_out:
+            return compiled, None, ProgramFailure("compile_error", f"compilation ran past its time limit ({timeout} s)")
+        if obs.killed_by:
+            return (
+                compiled,
+                None,
+                ProgramFailure("compile_error", f"compilation was killed at its {obs.killed_by} limit"),
+            )
+        return compiled, None, ProgramFailure("compile_error", f"compilation failed (status {obs.exit_code})")
+
+    async def _run(
+        self,
+        slot: Slot | None,
+        chain: Toolchain,
+        files: list[tuple[str, bytes]],
+        executable: list[str],
+        stdin: bytes,
+        limits: StepLimits,
+    ) -> StepOutcome:
+        lang = chain.language
+        argv = lang.run_argv(limits.memory_mb or self.cfg.memory_mb)
+        header, body = self._exec_request(argv, lang.environ, files, stdin, limits, None, executable)
+        return await self._execute(slot, header, body, limits)
+
+    async def _cases(
+        self,
+        slot: Slot | None,
+        chain: Toolchain,
+        action: CodeAction,
+        compiled: CompileObservation | None,
+        files: list[tuple[str, bytes]],
+        executable: list[str],
+        limits: StepLimits,
+    ) -> StepOutcome:
+        """Each case in turn in the step's slot (its fair share: one slot), its own limits within the step's."""
+        assert action.cases is not None
+        results: list[CaseResult] = []
+        last: StepOutcome | None = None
+        stop = False
+        for case in action.cases:
+            if stop:
+                results.append(CaseResult(verdict="skipped"))
+                continue
+            case_limits = StepLimits(
+                timeout_s=case.timeout_s or limits.timeout_s,
+                memory_mb=case.memory_mb or limits.memory_mb,
+                max_output_bytes=limits.max_output_bytes,
+            )
+            last = await self._run(slot, chain, files, executable, case.stdin.encode(), case_limits)
+            self.stats["cases_run"] += 1
+            assert isinstance(last.observation, PythonObservation)
+            result = case_verdict(last.observation, case, action.compare)
+            results.append(result)
+            stop = action.stop_on_failure and result.verdict not in ("accepted", "finished")
+        passed = sum(r.verdict in ("accepted", "finished") for r in results)
+        base = last.observation.model_dump() if last is not None else {}
+        obs = CodeObservation(
+            **base, language=chain.language.name, compile=compiled, cases=results, cases_passed=passed
+        )
+        failure = None
+        if passed < len(results):
+            first = next(i for i, r in enumerate(results) if r.verdict not in ("accepted", "finished"))
+            failure = ProgramFailure(
+                "cases_failed",
+                f"{len(results) - passed} of {len(results)} cases failed (first: case {first}, "
+                f"{results[first].verdict})",
+            )
+        hit = tuple(sorted({r.killed_by for r in results if r.killed_by}))
+        return StepOutcome(observation=obs, failure=failure, limits_hit=hit)
+
+    def _exec_request(
+        self,
+        argv: list[str],
+        environ: dict[str, str],
+        files: list[tuple[str, bytes]],
+        stdin: bytes,
+        limits: StepLimits,
+        fetch: list[str] | None,
+        executable: tuple[str, ...] | list[str] = (),
+    ) -> tuple[dict[str, Any], bytes]:
+        cfg = self.cfg
+        header: dict[str, Any] = {
+            "op": "run",
+            "timeout_s": limits.timeout_s,
+            "cpu_s": max(1, int(limits.timeout_s + 0.999)),
+            "max_output_bytes": limits.max_output_bytes or cfg.max_output_bytes,
+            "output_kill_bytes": cfg.output_kill_bytes,
+            "fsize_bytes": cfg.fsize_mb << 20,
+            "nofile": cfg.nofile,
+            "interrupt_grace_s": cfg.interrupt_grace_s,
+            "files": [[path, len(data)] for path, data in files],
+            "stdin_len": len(stdin),
+            "exec": {"argv": argv, "environ": environ, "x": list(executable)},
+            # The harness reports the program's status (and these files) after it ends.
+            "fetch": fetch or [],
+            "fetch_max_bytes": cfg.max_fetch_bytes,
+        }
+        return header, b"".join(data for _, data in files) + stdin
+
+    async def _execute(self, slot: Slot | None, header: dict[str, Any], body: bytes, limits: StepLimits) -> StepOutcome:
+        if slot is None:
+            return await self._cold_oneshot(header, body, limits, None)
+        return await self._oneshot(slot, header, body, limits, None)

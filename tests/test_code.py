@@ -1,0 +1,231 @@
+"""The code runner over HTTP, real nsjail and real toolchains: every language's hello, stdin, failures and
+limits; hostile programs and compiler tricks; the compile cache; many cases in one call; /run_code."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import running_node
+
+pytestmark = pytest.mark.nsjail
+
+CACHE = tempfile.mkdtemp(prefix="sandboxd-ccache-")
+
+# A program per language: print its stdin's integer doubled.
+DOUBLE = {
+    "c": '#include <stdio.h>\nint main(void){long x; scanf("%ld",&x); printf("%ld\\n", 2*x); return 0;}',
+    "cpp": "#include <bits/stdc++.h>\nint main(){long x; std::cin>>x; std::cout<<2*x<<std::endl;}",
+    "java": "import java.util.*;\npublic class Main { public static void main(String[] a) {\n"
+    "  long x = new Scanner(System.in).nextLong(); System.out.println(2*x); } }",
+    "go": 'package main\nimport "fmt"\nfunc main(){ var x int64; fmt.Scan(&x); fmt.Println(2*x) }',
+    "rust": "use std::io::Read;\nfn main(){ let mut s=String::new(); std::io::stdin().read_to_string(&mut s)"
+    '.unwrap(); let x: i64 = s.trim().parse().unwrap(); println!("{}", 2*x); }',
+    "javascript": "const x = parseInt(require('fs').readFileSync(0, 'utf8')); console.log(2*x);",
+    "bash": "read x; echo $((2*x))",
+}
+# Exits with status 3 after writing to stderr.
+FAILS = {
+    "c": '#include <stdio.h>\nint main(void){fprintf(stderr,"bad\\n"); return 3;}',
+    "cpp": '#include <iostream>\nint main(){std::cerr<<"bad"<<std::endl; return 3;}',
+    "java": 'public class Main { public static void main(String[] a) { System.err.println("bad"); System.exit(3); } }',
+    "go": 'package main\nimport ("fmt"; "os")\nfunc main(){ fmt.Fprintln(os.Stderr, "bad"); os.Exit(3) }',
+    "rust": 'fn main(){ eprintln!("bad"); std::process::exit(3); }',
+    "javascript": "console.error('bad'); process.exit(3);",
+    "bash": "echo bad >&2; exit 3",
+}
+SPINS = {
+    "c": "int main(void){volatile unsigned long i=0; for(;;) i++;}",
+    "cpp": "int main(){volatile unsigned long i=0; for(;;) i++;}",
+    "java": "public class Main { public static void main(String[] a) { long i=0; while (true) { i++; } } }",
+    "go": "package main\nfunc main(){ i := 0; for { i++ } }",
+    "rust": 'fn main(){ let mut i: u64 = 0; loop { i = i.wrapping_add(1); if i == u64::MAX { println!("{}", i); } } }',
+    "javascript": "let i = 0; for (;;) { i++; }",
+    "bash": "while true; do :; done",
+}
+SYNTAX_ERRORS = {
+    "c": "int main(void){ return 0 }",
+    "cpp": "int main(){ return 0 }",
+    "java": "public class Main { public static void main(String[] a) { int x = } }",
+    "go": "package main\nfunc main(){ x := }",
+    "rust": 'fn main(){ let x: i32 = "s"; }',
+}
+COMPILED = sorted(SYNTAX_ERRORS)
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[str]:
+    with running_node(
+        runners='["code", "python"]',
+        workers=1,
+        code__slots_per_worker=2,
+        code__burst_slots_per_worker=0,
+        code__compile_cache_dir=CACHE,
+        python__slots_per_worker=1,
+        python__burst_slots_per_worker=0,
+    ) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def languages(node: str) -> dict[str, Any]:
+    described: dict[str, Any] = httpx.get(f"{node}/runners/code", timeout=30).json()["languages"]
+    return described
+
+
+async def run(http: httpx.AsyncClient, language: str, code: str, **fields: Any) -> dict[str, Any]:
+    timeout = fields.pop("timeout_s", 10)
+    limits = fields.pop("limits", None)
+    body: dict[str, Any] = {"runner": "code", "action": {"language": language, "code": code, **fields}}
+    body["timeout_s"] = timeout
+    if limits:
+        body["limits"] = limits
+    r = await http.post("/rollout/step", json=body)
+    return {"http": r.status_code, **r.json()}
+
+
+def test_setup_installed_every_language(languages: dict[str, Any]) -> None:
+    assert sorted(languages) == ["bash", "c", "cpp", "go", "java", "javascript", "pytest", "rust"]
+    assert languages["cpp"]["default_flags"] == ["-O2", "-std=c++17"]
+
+
+@pytest.mark.parametrize("language", sorted(DOUBLE))
+async def test_hello_stdin_and_failures(http: httpx.AsyncClient, language: str) -> None:
+    r = await run(http, language, DOUBLE[language], stdin="21\n")
+    assert r["ok"], r
+    assert r["observation"]["stdout"] == "42\n" and r["observation"]["exit_code"] == 0
+    r = await run(http, language, FAILS[language])
+    assert r["ok"] is False and r["error"]["blame"] == "program" and r["error"]["code"] == "program_exit", r
+    assert r["observation"]["exit_code"] == 3 and "bad" in r["observation"]["stderr"]
+
+
+@pytest.mark.parametrize("language", sorted(SPINS))
+async def test_time_limit(http: httpx.AsyncClient, language: str) -> None:
+    r = await run(http, language, SPINS[language], timeout_s=1)
+    assert r["ok"] is False and r["error"]["code"] == "program_timeout", r
+    assert r["observation"]["timed_out"] and r["observation"]["killed_by"] == "time"
+
+
+@pytest.mark.parametrize("language", COMPILED)
+async def test_compile_error_is_the_programs_with_its_output(http: httpx.AsyncClient, language: str) -> None:
+    r = await run(http, language, SYNTAX_ERRORS[language])
+    assert r["http"] == 200 and r["ok"] is False, r
+    assert r["error"]["blame"] == "program" and r["error"]["code"] == "compile_error", r
+    compiled = r["observation"]["compile"]
+    assert compiled["exit_code"] not in (0, None) and (compiled["stderr"] or compiled["stdout"]), compiled
+    assert r["observation"]["exit_code"] is None and r["observation"]["stdout"] == ""
+
+
+async def test_memory_and_output_limits_and_fork_bombs(http: httpx.AsyncClient) -> None:
+    hog = "#include <stdlib.h>\nint main(){volatile char*p=malloc(400<<20); for(long i=0;i<(400<<20);i+=4096) p[i]=1;}"
+    r = await run(http, "c", hog, limits={"memory_mb": 128})
+    assert r["ok"] is False and r["error"]["code"] == "program_killed", r
+    assert r["observation"]["killed_by"] == "memory" and "memory" in r["observation"]["limits_hit"]
+    r = await run(http, "cpp", '#include <cstdio>\nint main(){for(;;) std::puts("yyyyyyyyyyyyyyyy");}')
+    assert r["observation"]["killed_by"] == "output" and r["observation"]["stdout_truncated"], r
+    bomb = "#include <unistd.h>\nint main(){for(;;) fork();}"
+    r = await run(http, "c", bomb, timeout_s=2)
+    assert r["ok"] is False and r["error"]["blame"] == "program", r
+    assert "pids" in r["observation"]["limits_hit"], r
+    # The script itself ends at once (status 0); what it left behind dies with its sandbox, at the pids cap.
+    r = await run(http, "bash", ":(){ :|:& };:", timeout_s=2)
+    assert r["http"] == 200 and (r["error"] is None or r["error"]["blame"] == "program"), r
+    r = await run(http, "c", DOUBLE["c"], stdin="1")  # the slot is whole again
+    assert r["ok"] and r["observation"]["stdout"] == "2\n", r
+
+
+async def test_the_compiler_cannot_read_the_host_or_write_outside(http: httpx.AsyncClient) -> None:
+    r = await run(http, "cpp", '#include "/etc/shadow"\nint main(){}')
+    assert r["error"]["code"] == "compile_error" and "Permission denied" in r["observation"]["compile"]["stderr"], r
+    r = await run(http, "c", '#include "/proc/1/environ"\nint main(){}')
+    assert r["error"]["code"] == "compile_error", r
+    for flags in (["-o", "/tmp/elsewhere"], ["-B/tmp"], ["@/etc/passwd"], ["-fplugin=/tmp/x.so"], ["-include/etc/x"]):
+        r = await run(http, "cpp", DOUBLE["cpp"], flags=flags)
+        assert r["http"] == 422 and "not allowed" in r["error"]["message"], (flags, r)
+    r = await run(http, "cpp", DOUBLE["cpp"], flags=["-O0", "-std=c++20", "-DONLINE_JUDGE", "-Wall"], stdin="5")
+    assert r["ok"] and r["observation"]["stdout"] == "10\n", r
+    r = await run(http, "bash", "echo x", flags=["-O2"])
+    assert r["http"] == 422, r
+
+
+async def test_the_compile_cache_serves_the_second_request_and_refuses_a_poisoned_entry(
+    http: httpx.AsyncClient,
+) -> None:
+    code = DOUBLE["cpp"] + "\n// cache test\n"
+    first = await run(http, "cpp", code, stdin="4")
+    assert first["ok"] and first["observation"]["compile"]["cached"] is False, first
+    second = await run(http, "cpp", code, stdin="5")
+    assert second["observation"]["compile"]["cached"] is True and second["observation"]["stdout"] == "10\n"
+    entries = sorted(Path(CACHE).glob("*.bin"), key=lambda p: p.stat().st_mtime)
+    poisoned = entries[-1]
+    blob = bytearray(poisoned.read_bytes())
+    blob[-100] ^= 0xFF  # one byte of the artifact: the digest no longer matches
+    poisoned.write_bytes(bytes(blob))
+    third = await run(http, "cpp", code, stdin="6")
+    assert third["observation"]["compile"]["cached"] is False and third["observation"]["stdout"] == "12\n", third
+    assert (await run(http, "cpp", code, stdin="7"))["observation"]["compile"]["cached"] is True
+
+
+async def test_many_cases_compile_once(http: httpx.AsyncClient) -> None:
+    cases = [
+        {"stdin": "1", "expected_stdout": "2"},
+        {"stdin": "2", "expected_stdout": "4\n\n"},
+        {"stdin": "3", "expected_stdout": "7"},
+        {"stdin": "x", "expected_stdout": "0"},
+        {"stdin": "5", "expected_stdout": "10", "timeout_s": 2},
+    ]
+    r = await run(http, "go", DOUBLE["go"] + "\n// cases\n", cases=cases)
+    assert r["ok"] is False and r["error"]["code"] == "cases_failed", r
+    verdicts = [c["verdict"] for c in r["observation"]["cases"]]
+    assert verdicts == ["accepted", "accepted", "wrong_answer", "accepted", "accepted"], r["observation"]["cases"]
+    assert r["observation"]["cases_passed"] == 4 and r["observation"]["compile"]["cached"] is False
+    r = await run(http, "go", DOUBLE["go"] + "\n// cases\n", cases=cases, stop_on_failure=True)
+    verdicts = [c["verdict"] for c in r["observation"]["cases"]]
+    assert verdicts == ["accepted", "accepted", "wrong_answer", "skipped", "skipped"]
+    assert r["observation"]["compile"]["cached"] is True
+    # Each case runs in a fresh sandbox (the first one's file is not there for the next), with its own limits.
+    script = 'read x; [ -f /tmp/mark ] && echo seen; touch /tmp/mark; [ "$x" = slow ] && sleep 5; echo $x'
+    cases = [{"stdin": "a\n"}, {"stdin": "b\n", "expected_stdout": "b"}, {"stdin": "slow\n", "timeout_s": 0.5}]
+    r = await run(http, "bash", script, cases=cases)
+    assert [c["verdict"] for c in r["observation"]["cases"]] == ["finished", "accepted", "time_limit"], r
+
+
+async def test_pytest_runs_a_test_file_with_the_default_environment(http: httpx.AsyncClient) -> None:
+    ok = "import numpy\n\ndef test_sum():\n    assert numpy.arange(4).sum() == 6\n"
+    r = await run(http, "pytest", ok)
+    assert r["ok"] and "1 passed" in r["observation"]["stdout"], r
+    r = await run(http, "pytest", "def test_bad():\n    assert 1 == 2\n")
+    assert r["ok"] is False and r["observation"]["exit_code"] == 1 and "1 failed" in r["observation"]["stdout"]
+
+
+async def test_bad_requests_are_named(http: httpx.AsyncClient) -> None:
+    r = await run(http, "cobol", "x")
+    assert r["http"] == 422 and "available" in r["error"]["message"] and "cpp" in r["error"]["message"], r
+    created = await http.post("/sessions", json={"runner": "code"})
+    assert created.status_code == 422, created.text
+    r = await run(http, "cpp", DOUBLE["cpp"], cases=[{"stdin": "1", "timeout_s": 50}], timeout_s=5)
+    assert r["http"] == 422 and "timeout_s" in r["error"]["message"], r
+
+
+def test_run_code_speaks_sandboxfusion_for_compiled_languages(node: str) -> None:
+    """verl maps a compile error to -4 from SandboxFusion's shape: status Failed, compile_result Finished
+    with a non-zero return code, no run_result; the official client parses every answer."""
+    from sandbox_fusion import CommandRunStatus, RunCodeRequest, RunStatus, run_code
+
+    ok = run_code(RunCodeRequest(code=DOUBLE["cpp"], language="cpp", stdin="8"), endpoint=node, max_attempts=1)
+    assert ok.status == RunStatus.Success and ok.run_result is not None and ok.run_result.stdout == "16\n"
+    assert ok.compile_result is not None and ok.compile_result.status == CommandRunStatus.Finished
+    bad = httpx.post(f"{node}/run_code", json={"code": "int main(){", "language": "cpp"}, timeout=60).json()
+    assert bad["status"] == "Failed" and bad["run_result"] is None, bad
+    assert bad["compile_result"]["status"] == "Finished" and bad["compile_result"]["return_code"] != 0
+    spin = run_code(RunCodeRequest(code=SPINS["rust"], language="rust", run_timeout=0.5), endpoint=node, max_attempts=1)
+    assert spin.status == RunStatus.Failed and spin.run_result.status == CommandRunStatus.TimeLimitExceeded
+    js = run_code(RunCodeRequest(code="console.log(1+1)", language="nodejs"), endpoint=node, max_attempts=1)
+    assert js.status == RunStatus.Success and js.compile_result is None and js.run_result.stdout == "2\n"
+    r = httpx.post(f"{node}/run_code", json={"code": "x", "language": "cobol"}, timeout=30)
+    assert r.status_code == 422 and "cpp" in r.json()["detail"]
