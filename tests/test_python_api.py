@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Iterator
 from typing import Any
 
@@ -221,3 +222,16 @@ async def test_health_ready_and_metrics(http: httpx.AsyncClient) -> None:
     assert 'sandboxd_step_latency_seconds_bucket{le="0.005",outcome="ok",runner="python"}' in text
     assert "sandboxd_pool_slots" in text and "sandboxd_queue_depth" in text
     assert "sandboxd_sandbox_starts_total" in text
+
+
+async def test_fetched_files_larger_than_the_channel_buffer_come_back(http: httpx.AsyncClient) -> None:
+    """The harness sends the files while the worker reads them (before: the worker waited for the harness to
+    exit first, and a frame larger than the socket's buffer held both until the step's timeout)."""
+    code = "open('big.bin', 'wb').write(bytes(range(256)) * 6000)"
+    r = await http.post(
+        "/rollout/step",
+        json={"runner": "python", "action": {"code": code, "fetch_files": ["big.bin"]}, "timeout_s": 5},
+    )
+    body = r.json()
+    assert body["ok"], body  # before: killed at its timeout, the files lost
+    assert base64.b64decode(body["observation"]["files"]["big.bin"]) == bytes(range(256)) * 6000
