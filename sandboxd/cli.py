@@ -127,8 +127,10 @@ def _env(args: argparse.Namespace) -> int:
         built = environments.available(str(root))
         if not built:
             print(f"no environments under {root} for this interpreter (sandboxd env build default)")
+        serving = environments.served(str(root))
         for name, env in built.items():
             mark = " (default)" if name == cfg.default_environment else ""
+            mark += "" if name in serving else " (not served: a node serves the first 64 by name)"
             print(f"{name}{mark}: python {env.python}, {len(env.packages)} packages, {env.site}")
             print("  " + " ".join(env.packages))
         return EXIT_OK

@@ -42,9 +42,9 @@ def run_doctor() -> bool:
         report(True, f"interpreter for the jail: {prefix}")
     except ValueError as exc:
         report(False, str(exc))
-    from sandboxd.runners.python.environments import available
+    from sandboxd.runners.python.environments import served
 
-    built = available(cfg.environments_dir)
+    built = served(cfg.environments_dir)
     if cfg.default_environment:
         report(
             cfg.default_environment in built,

@@ -42,8 +42,10 @@ def node() -> Iterator[str]:
         yield base
 
 
-async def run(http: httpx.AsyncClient, code: str, session_id: str | None = None, **action: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"runner": "python", "action": {"code": code, **action}, "timeout_s": 30}
+async def run(
+    http: httpx.AsyncClient, code: str, session_id: str | None = None, timeout_s: float = 30, **action: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"runner": "python", "action": {"code": code, **action}, "timeout_s": timeout_s}
     if session_id:
         body["session_id"] = session_id
     r = await http.post("/rollout/step", json=body)
@@ -89,6 +91,32 @@ async def test_preloaded_imports_cost_an_execution_nothing(http: httpx.AsyncClie
         assert r["observation"]["cpu_ms"] < 100, r["observation"]
     draws = {r["observation"]["stdout"] for r in warm}
     assert len(draws) == 3, f"numpy's generator is shared by executions of one template: {draws}"
+
+
+async def test_library_generators_differ_between_executions(http: httpx.AsyncClient) -> None:
+    code = "import sympy\nfrom sympy.core.random import rng\nprint(sympy.randprime(1, 10**30), rng.random())"
+    draws = {(await warm_step(http, code))["observation"]["stdout"] for _ in range(3)}
+    assert len(draws) == 3, draws
+
+
+async def test_a_steps_own_module_wins_over_a_preload(http: httpx.AsyncClient) -> None:
+    """As under a fresh interpreter, the working directory's ``numpy.py`` is what ``import numpy`` finds: such
+    a step is not forked from the template (whose numpy is already imported)."""
+    await warm_step(http, "import numpy")  # the template is up
+    for _ in range(3):
+        r = await run(http, "import numpy\nprint(numpy.MINE)", files={"numpy.py": "MINE = 'mine'"})
+        assert r["observation"]["stdout"] == "mine\n", r
+    r = await run(http, "import pandas\nprint(pandas.X)", files={"pandas/__init__.py": "X = 'pkg'"})
+    assert r["observation"]["stdout"] == "pkg\n", r
+
+
+async def test_a_one_shots_process_group_signal_spares_the_template(http: httpx.AsyncClient) -> None:
+    await warm_step(http, "import numpy")
+    for sig in ("SIGKILL", "SIGSTOP"):
+        r = await run(http, f"import numpy, os, signal\nos.kill(0, signal.{sig})", timeout_s=2)
+        assert r["http"] == 200 and (r["error"] is None or r["error"]["blame"] == "program"), r
+    r = await run(http, "import sys\nprint('numpy' in sys.modules)\nimport numpy", timeout_s=5)
+    assert r["ok"] and r["observation"]["stdout"] == "True\n", r  # still forked from the same template
 
 
 async def test_native_thread_pools_are_one_thread(http: httpx.AsyncClient) -> None:
@@ -210,6 +238,15 @@ def test_several_environments_chosen_per_step(tmp_path: Path) -> None:
                 step = {"runner": "python", "session_id": sid, "action": {"code": code, "env": "tiny"}}
                 r = c.post("/rollout/step", json=step)
                 assert r.status_code == 422 and "cannot change" in r.json()["error"]["message"], r.text
+                sid = c.post("/sessions", json={"runner": "python"}).json()["session_id"]
+                r = c.post(
+                    "/rollout/step",
+                    json={"runner": "python", "session_id": sid, "action": {"code": code, "env": "tiny"}},
+                )
+                assert r.json()["ok"], r.text
+                grade = {"code": "import sortedcontainers\nprint('graded')", "grade": True}
+                r = c.post("/rollout/step", json={"runner": "python", "session_id": sid, "action": grade})
+                assert r.json()["observation"]["stdout"] == "graded\n", r.text  # the session's environment
     finally:
         subprocess.run(["rm", "-rf", root], check=False)
 

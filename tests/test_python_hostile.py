@@ -33,7 +33,12 @@ async def run(http: httpx.AsyncClient, code: str, **fields: object) -> dict[str,
 async def still_healthy(http: httpx.AsyncClient) -> None:
     r = await run(http, "print('still here')")
     assert r["ok"] and r["observation"]["stdout"] == "still here\n"
-    assert (await http.get("/readyz")).status_code == 200
+    # A jail its program took down restarts when the health check finds it (/readyz is 503 meanwhile).
+    for _ in range(50):
+        if (await http.get("/readyz")).status_code == 200:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError("the node did not become ready again")
 
 
 def host_processes_with(marker: str) -> list[int]:
@@ -160,6 +165,32 @@ async def test_signals_cannot_reach_other_processes(http: httpx.AsyncClient) -> 
     assert lines[-1] == "done" and "KILLED" not in r["observation"]["stdout"], r["observation"]
     for pid in (gateway_pid, os.getpid()):  # host pids do not exist in its pid namespace
         assert f"no {pid} ProcessLookupError" in lines, lines
+    await still_healthy(http)
+
+
+async def test_a_process_group_signal_reaches_only_the_programs_own_processes(http: httpx.AsyncClient) -> None:
+    """``kill(0, sig)`` signals the caller's process group. Every executor was once in its zygote's: a
+    session's SIGKILL or SIGSTOP to its group ended or froze the jail's other sessions, its prepared
+    executors and, in a one-shot jail, the template (found by a red team). Each executor leads its own now."""
+    victim = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
+    attacker = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
+    try:
+        assert (await run(http, "x = 41", session_id=victim))["ok"]
+        for sig in ("SIGSTOP", "SIGKILL"):
+            code = f"import os, signal, subprocess\nsubprocess.Popen(['sleep', '30'])\nos.kill(0, signal.{sig})"
+            await run(http, code, session_id=attacker, timeout_s=2)
+            r = await run(http, "x += 1\nprint(x)", session_id=victim, timeout_s=5)
+            assert r["ok"] and r["observation"]["stdout"] in ("42\n", "43\n"), (sig, r)
+        fresh = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
+        r = await run(http, "print(7)", session_id=fresh, timeout_s=5)
+        assert r["ok"] and r["observation"]["stdout"] == "7\n", r
+        await http.delete(f"/sessions/{fresh}")
+        # A one-shot's own group: the program is its namespace's init, which its own stop signal does not stop.
+        r = await run(http, "import os, signal\nos.kill(0, signal.SIGSTOP)\nprint('on')", timeout_s=2)
+        assert r["error"] is None or r["error"]["blame"] == "program", r
+    finally:
+        for sid in (victim, attacker):
+            await http.delete(f"/sessions/{sid}")
     await still_healthy(http)
 
 

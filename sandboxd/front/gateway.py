@@ -420,7 +420,9 @@ class Gateway:
     async def _create(self, req: SessionCreate, tenant: str) -> Stored:
         if self.draining:
             raise ShuttingDown("this node is shutting down; create the session on another node")
-        self.kind(req.runner)
+        kind = self.kind(req.runner)
+        if kind.no_sessions:
+            raise BadRequest(f"runner {req.runner!r} has no sessions: {kind.no_sessions}")
         as_json(req.options, "options")
         assert self.links.node is not None
         fields = {

@@ -220,6 +220,8 @@ class RunnerKind:
     session_options: type[BaseModel] | None = None
     # Why this kind's sessions cannot be forked, when its runner has no ``fork_session`` (a 422 says it).
     no_fork: str = ""
+    # Why this kind has no sessions at all (one-shot steps only), or empty: ``POST /sessions`` is a 422 saying it.
+    no_sessions: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def runner_class(self) -> Callable[[Any, RunnerContext], Runner]:

@@ -94,4 +94,5 @@ KIND = RunnerKind(
     admit=_admit,
     describe=describe,
     no_fork="code steps are one-shots: the code runner has no sessions to fork",
+    no_sessions="it runs one-shot steps (compile once, run once or per case); python sessions hold state",
 )

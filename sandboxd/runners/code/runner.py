@@ -22,7 +22,7 @@ from sandboxd.runners.code.cache import CompileCache, cache_key
 from sandboxd.runners.code.config import CodeRunnerConfig
 from sandboxd.runners.code.languages import Toolchain, installed
 from sandboxd.runners.code.models import CaseResult, CodeAction, CodeObservation, CompileObservation, TestCase
-from sandboxd.runners.python.environments import available
+from sandboxd.runners.python.environments import served
 from sandboxd.runners.python.jail import python_executable
 from sandboxd.runners.python.models import PythonObservation
 from sandboxd.runners.python.runner import PythonRunner, Slot
@@ -31,7 +31,7 @@ from sandboxd.runners.python.runner import PythonRunner, Slot
 @functools.cache
 def toolchains(prefix: str, enabled: tuple[str, ...], environments_dir: str) -> dict[str, Toolchain]:
     """What this host can compile and run (probed once per process)."""
-    site = available(environments_dir).get("default")
+    site = served(environments_dir).get("default")
     return installed(python_executable(prefix), list(enabled), site.site if site else None)
 
 

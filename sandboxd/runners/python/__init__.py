@@ -22,8 +22,8 @@ def admit(action: PythonAction, limits: StepLimits, cfg: PythonRunnerConfig) -> 
     files = sum(len(data) for _, data in action.file_bytes())
     if files > cfg.max_files_bytes:
         raise PayloadTooLarge(f"action.files total {files} bytes; this node takes at most {cfg.max_files_bytes}")
-    if action.env is not None and action.env not in environments.available(cfg.environments_dir):
-        built = ", ".join(environments.available(cfg.environments_dir)) or "none"
+    if action.env is not None and action.env not in environments.served(cfg.environments_dir):
+        built = ", ".join(environments.served(cfg.environments_dir)) or "none"
         raise BadRequest(f"action.env: no Python environment {action.env!r} on this node (built: {built})")
     if limits.memory_mb is not None and limits.memory_mb > cfg.memory_mb:
         raise BadRequest(f"limits.memory_mb: {limits.memory_mb} exceeds this node's maximum {cfg.memory_mb}")
@@ -39,7 +39,7 @@ def _admit(action: Any, limits: StepLimits, cfg: Any) -> None:
 
 def describe(cfg: PythonRunnerConfig) -> dict[str, Any]:
     """The environments a step may name, what each holds and what its template preloads."""
-    built = environments.available(cfg.environments_dir)
+    built = environments.served(cfg.environments_dir)
     return {
         "default_environment": cfg.default_environment if cfg.default_environment in built else None,
         "environments": {

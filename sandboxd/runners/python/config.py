@@ -148,11 +148,11 @@ class PythonRunnerConfig(RunnerConfig):
 
     def templates(self) -> int:
         """How many templates a warm one-shot jail may hold: one per built environment with preloads."""
-        from sandboxd.runners.python.environments import available
+        from sandboxd.runners.python.environments import served
 
         if not self.warm_pool or self.template_mb <= 0:
             return 0
-        built = available(self.environments_dir)
+        built = served(self.environments_dir)
         return sum(1 for name, mods in self.preload.items() if mods and name in built)
 
     def templates_reservation(self) -> Reservation:

@@ -79,7 +79,7 @@ def env_mount(name: str) -> str:
 
 def jail_environments(cfg: PythonRunnerConfig) -> list[tuple[str, Environment]]:
     """The environments a jail serves, in the order the zygote numbers them (``action.env`` -> index)."""
-    return sorted(environments.available(cfg.environments_dir).items())[: wire.MAX_ENVS]
+    return sorted(environments.served(cfg.environments_dir).items())
 
 
 def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str = "sandbox") -> NsJailConfig:

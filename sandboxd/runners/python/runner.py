@@ -157,6 +157,14 @@ class PythonRunner:
         self._preloaded = {
             self.envs[n]: import_pattern(m) for n, m in cfg.preload.items() if n in self.envs and cfg.templates() > 0
         }
+        # What a step's own files must not be for its template's imports to be the ones a fresh interpreter
+        # would make: a module or package named like a preload (``numpy.py`` shadows numpy from the working
+        # directory), or a matplotlibrc (read at import).
+        self._shadowing = {
+            self.envs[n]: {m.split(".")[0] for m in mods} | {"matplotlibrc"}
+            for n, mods in cfg.preload.items()
+            if n in self.envs
+        }
         if cfg.default_environment and self.default_env is None:
             log.warning(
                 "python: default_environment %r is not built under %s (steps get the standard library only); "
@@ -321,9 +329,16 @@ class PythonRunner:
     def _flavor(self, header: dict[str, Any], action: PythonAction) -> int | None:
         """The template to fork this one-shot from: its environment's, when its code imports a preload."""
         env = header.get("env")
-        pattern = self._preloaded.get(env) if isinstance(env, int) else None
+        if not isinstance(env, int):
+            return None
+        pattern = self._preloaded.get(env)
         if pattern is None:
             return None
+        shadowing = self._shadowing[env]
+        for path in (*action.files, action.script or ""):
+            top = path.split("/", 1)[0]
+            if top.removesuffix(".py") in shadowing:
+                return None  # the step's own module (or rc file) must win, as under a fresh interpreter
         if pattern.search(action.code) or any(
             p.endswith(".py") and pattern.search(c) for p, c in action.files.items() if action.file_encoding == "utf-8"
         ):
@@ -671,6 +686,10 @@ class PythonRunner:
                 await self._drop_session(sess)
                 raise SessionLost(f"session {session_id}: its sandbox is gone")
             snap = await asyncio.to_thread(read_workdir, sess.executor.host_pid, MAX_FILES, self.cfg.max_files_bytes)
+        if action.env is not None and action.env != sess.env:
+            raise BadRequest(
+                f"action.env: session {session_id} runs in environment {sess.env!r}; its grader runs there too"
+            )
         given = dict(zip(action.files, (data for _, data in action.file_bytes()), strict=True))
         files = {**snap.files, **given}
         if sum(len(v) for v in files.values()) > self.cfg.max_files_bytes:
@@ -680,6 +699,7 @@ class PythonRunner:
                 "grade": False,
                 "files": {p: base64.b64encode(v).decode() for p, v in files.items()},
                 "file_encoding": "base64",
+                "env": sess.env,
             }
         )
         outcome = await self.step(oneshot, None, limits)

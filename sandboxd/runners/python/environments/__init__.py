@@ -13,12 +13,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from sandboxd.runners.python.jailside.wire import MAX_ENVS
+
+log = logging.getLogger(__name__)
 
 SPECS_DIR = Path(__file__).parent
 STAMP = "env.json"
@@ -112,6 +117,23 @@ def load(root: Path, name: str) -> Environment:
     env_dir = root / name
     info = json.loads((env_dir / STAMP).read_text())
     return Environment(name, str(env_dir / "site"), str(info.get("python", "")), tuple(info.get("packages", ())))
+
+
+@functools.cache
+def served(root: str) -> dict[str, Environment]:
+    """The environments a node serves: every one built for this interpreter, the first ``MAX_ENVS`` by name
+    (what a jail's zygote can number). What admission accepts, jails mount and ``GET /runners/python`` lists."""
+    built = available(root)
+    names = sorted(built)[:MAX_ENVS]
+    if len(built) > MAX_ENVS:
+        log.warning(
+            "python: %d environments under %s; a node serves %d (the first by name), not %s",
+            len(built),
+            root,
+            MAX_ENVS,
+            ", ".join(sorted(built)[MAX_ENVS:]),
+        )
+    return {name: built[name] for name in names}
 
 
 @functools.cache

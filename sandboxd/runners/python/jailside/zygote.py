@@ -235,6 +235,9 @@ def _make_executor(mode: str, tmpfs_bytes: int, filter_program: bytes, close: tu
     if pid == 0:
         code = 70
         try:
+            # A process group of its own: ``kill(0, sig)`` from the program reaches its own processes, never
+            # the zygote's group (its template, the prepared executor, the jail's other sessions).
+            os.setsid()
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             for fd in (*close, out_r, err_r):
@@ -710,6 +713,11 @@ def _stdin(data: bytes) -> None:
         os.close(fd)
 
 
+# Generators a preloaded library seeds from the OS once, at import: in a template that import was shared by
+# every executor, so each gets fresh state as a fresh interpreter would (module, attributes).
+_LIBRARY_RNGS = (("sympy.core.random", ("rng", "_assumptions_rng")),)
+
+
 def _reseed() -> None:
     import random
 
@@ -717,6 +725,12 @@ def _reseed() -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:  # a template's numpy: its global generator was seeded once, for every executor
         numpy.random.seed()
+    for module, names in _LIBRARY_RNGS:
+        mod = sys.modules.get(module)
+        for name in names:
+            rng = getattr(mod, name, None)
+            if isinstance(rng, random.Random):
+                rng.seed()
 
 
 def _env_site(req: dict[str, Any]) -> str | None:
