@@ -3,6 +3,7 @@ limits; hostile programs and compiler tricks; the compile cache; many cases in o
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -229,3 +230,17 @@ def test_run_code_speaks_sandboxfusion_for_compiled_languages(node: str) -> None
     assert js.status == RunStatus.Success and js.compile_result is None and js.run_result.stdout == "2\n"
     r = httpx.post(f"{node}/run_code", json={"code": "x", "language": "cobol"}, timeout=30)
     assert r.status_code == 422 and "cpp" in r.json()["detail"]
+
+
+async def test_cases_spread_over_free_slots_within_the_tenants_share(http: httpx.AsyncClient) -> None:
+    """Two slots, one tenant: the step borrows the free one, and cases overlap in time; with stop_on_failure
+    they run in turn (each case prints when it started and ended, from the machine's monotonic clock)."""
+    script = "cat /proc/uptime | cut -d' ' -f1; sleep 0.6; cat /proc/uptime | cut -d' ' -f1"
+    spans = []
+    for stop in (False, True):
+        r = await run(http, "bash", script, cases=[{"stdin": str(i)} for i in range(4)], stop_on_failure=stop)
+        assert r["ok"] and [c["verdict"] for c in r["observation"]["cases"]] == ["finished"] * 4, r
+        spans.append(sorted(tuple(map(float, c["stdout"].split())) for c in r["observation"]["cases"]))
+    parallel, sequential = spans
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(parallel)), parallel
+    assert all(b[0] >= a[1] for a, b in itertools.pairwise(sequential)), sequential

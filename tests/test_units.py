@@ -415,3 +415,35 @@ def test_cgroup_v2_moves_the_node_into_a_leaf_when_its_group_holds_processes(
     assert ("pod/node/cgroup.procs", "1") in writes and ("pod/node/cgroup.procs", "7") in writes
     assert writes[-1] == ("pod/cgroup.subtree_control", "+memory +pids +cpu")
     assert (group / "cgroup.procs").read_text().split() == []
+
+
+async def test_a_step_borrows_only_free_slots_within_its_tenants_share() -> None:
+    """Borrowed slots (a program's cases spread out) are free ones nobody waits for, never burst ones, and
+    only while the tenant is below its share: a waiting step of another tenant gets the next free slot."""
+    import time
+
+    adm = Admission(0, {"k": 3}, {"k": 3}, None, burst={"k": 1})
+    far = time.monotonic() + 5
+    async with adm.slot("k", far, tenant="a"):
+        lender = adm.lender("k", "a")
+        assert lender.borrow() and lender.borrow()  # alone: the two other slots
+        assert not lender.borrow()  # no free slot left (the burst one is never lent)
+        lender.give_back()
+        b_ran = asyncio.Event()
+
+        async def b() -> None:
+            async with adm.slot("k", far, tenant="b"):
+                b_ran.set()
+
+        task = asyncio.ensure_future(b())
+        await asyncio.sleep(0.01)
+        assert b_ran.is_set()  # the given-back slot went to B
+        await task
+        lender.give_back()
+        assert adm.inflight("k") == 1 and lender.lent == 0
+    shared = Admission(0, {"k": 4}, {"k": 3}, None)
+    async with shared.slot("k", far, tenant="a"), shared.slot("k", far, tenant="c"):
+        lender = shared.lender("k", "a")
+        assert lender.borrow()  # A runs 1 of its 2
+        assert not lender.borrow()  # a slot is free, but A is at its share beside C
+        lender.give_back()

@@ -25,6 +25,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandboxd.errors import BadRequest, Saturated
 
 
+class SlotLender(Protocol):
+    """More of a kind's slots for the step that holds one, for work it can spread (a program's test cases)."""
+
+    def borrow(self) -> bool:
+        """One more slot, now, if one is free, nobody waits, and the step's tenant is below its fair share."""
+        ...
+
+    def give_back(self) -> None:
+        """Return one borrowed slot."""
+        ...
+
+
 @dataclass(frozen=True)
 class StepLimits:
     """Per-step limits after the gateway checked them against the node's maxima."""
@@ -32,6 +44,7 @@ class StepLimits:
     timeout_s: float
     memory_mb: int | None = None
     max_output_bytes: int | None = None
+    lender: SlotLender | None = field(default=None, compare=False)  # one-shot steps, from the worker's admission
 
 
 @dataclass(frozen=True)

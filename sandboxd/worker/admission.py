@@ -141,6 +141,26 @@ class Admission:
             k.ewma_step_s = 0.9 * k.ewma_step_s + 0.1 * (time.monotonic() - start)
             self._release(kind, tenant, burst)
 
+    def lender(self, kind: str, tenant: str) -> Lender:
+        """What a step holding one of ``kind``'s slots may borrow more through (``runners.base.SlotLender``)."""
+        return Lender(self, kind, tenant)
+
+    def _borrow(self, kind: str, tenant: str) -> bool:
+        """A free slot, never a burst one, only while nobody waits and ``tenant`` is below its fair share:
+        a borrowed slot is never one another tenant's step could have had."""
+        k = self.kinds.get(kind)
+        if self.closed or k is None or k.free <= 0 or k.queued or not self._below_share(k, tenant):
+            return False
+        k.free -= 1
+        k.running[tenant] += 1
+        k.inflight += 1
+        self._publish(kind)
+        return True
+
+    def _give_back(self, kind: str, tenant: str) -> None:
+        self.kinds[kind].inflight -= 1
+        self._release(kind, tenant, False)
+
     async def _wait(self, k: _Kind, kind: str, deadline: float, priority: float | None, tenant: str) -> bool:
         if k.queued >= k.queue_max:
             self._make_room(k, kind, tenant)
@@ -242,3 +262,22 @@ class Admission:
             k.waiters.clear()
             k.queued = 0
             self._publish(kind)
+
+
+@dataclass
+class Lender:
+    admission: Admission
+    kind: str
+    tenant: str
+    lent: int = 0
+
+    def borrow(self) -> bool:
+        if self.admission._borrow(self.kind, self.tenant):
+            self.lent += 1
+            return True
+        return False
+
+    def give_back(self) -> None:
+        if self.lent > 0:
+            self.lent -= 1
+            self.admission._give_back(self.kind, self.tenant)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -209,7 +210,12 @@ class Worker:
             if run is None:  # a front sent a kind this worker does not host: a bug of ours, said as one
                 raise InfraError(f"worker {self.index} does not host runner {runner!r}")
             async with self.admission.slot(runner, deadline, priority, h["tenant"]):
-                outcome = await run.step(action, None, limits)
+                lender = self.admission.lender(runner, h["tenant"])
+                try:
+                    outcome = await run.step(action, None, dataclasses.replace(limits, lender=lender))
+                finally:
+                    while lender.lent:  # a runner that did not give back what it borrowed
+                        lender.give_back()
             return self._result(runner, outcome, t0, None)
         except SandboxdError as exc:
             return self._failed(runner, exc, t0, session_id)

@@ -79,7 +79,7 @@ class CodeRunner(PythonRunner):
         super().__init__(cfg, ctx)
         self.code_cfg = cfg
         self.cache = CompileCache(cfg.compile_cache_dir, cfg.compile_cache_mb << 20)
-        self.stats.update(compiles=0, compile_cache_hits=0, compile_errors=0, cases_run=0)
+        self.stats.update(compiles=0, compile_cache_hits=0, compile_errors=0, cases_run=0, cases_parallel_lanes=0)
 
     async def start(self) -> None:
         await asyncio.to_thread(node_toolchains, self.code_cfg)
@@ -207,40 +207,66 @@ class CodeRunner(PythonRunner):
         executable: list[str],
         limits: StepLimits,
     ) -> StepOutcome:
-        """Each case in turn in the step's slot (its fair share: one slot), its own limits within the step's."""
-        assert action.cases is not None
-        results: list[CaseResult] = []
-        last: StepOutcome | None = None
+        """The cases, each in a fresh execution with its own limits within the step's: in turn in the step's
+        slot with ``stop_on_failure``; otherwise also in slots borrowed while they are free, nobody waits and
+        the tenant is below its fair share (``SlotLender``), given back as soon as the cases are done."""
+        cases = action.cases or []
+        results: list[CaseResult | None] = [None] * len(cases)
+        lanes: list[Slot | None] = [slot]
+        lender = limits.lender
+        if slot is not None and lender is not None and not action.stop_on_failure:
+            while len(lanes) < len(cases) and lender.borrow():
+                try:
+                    lanes.append(self.free.get_nowait())
+                except asyncio.QueueEmpty:
+                    lender.give_back()
+                    break
+        self.stats["cases_parallel_lanes"] += len(lanes) - 1
+        pending = iter(range(len(cases)))
+        last: list[StepOutcome] = []
         stop = False
-        for case in action.cases:
-            if stop:
-                results.append(CaseResult(verdict="skipped"))
-                continue
-            case_limits = StepLimits(
-                timeout_s=case.timeout_s or limits.timeout_s,
-                memory_mb=case.memory_mb or limits.memory_mb,
-                max_output_bytes=limits.max_output_bytes,
-            )
-            last = await self._run(slot, chain, files, executable, case.stdin.encode(), case_limits)
-            self.stats["cases_run"] += 1
-            assert isinstance(last.observation, PythonObservation)
-            result = case_verdict(last.observation, case, action.compare)
-            results.append(result)
-            stop = action.stop_on_failure and result.verdict not in ("accepted", "finished")
-        passed = sum(r.verdict in ("accepted", "finished") for r in results)
-        base = last.observation.model_dump() if last is not None else {}
-        obs = CodeObservation(
-            **base, language=chain.language.name, compile=compiled, cases=results, cases_passed=passed
-        )
+
+        async def lane(where: Slot | None) -> None:
+            nonlocal stop
+            for i in pending:
+                if stop:
+                    results[i] = CaseResult(verdict="skipped")
+                    continue
+                case = cases[i]
+                case_limits = StepLimits(
+                    timeout_s=case.timeout_s or limits.timeout_s,
+                    memory_mb=case.memory_mb or limits.memory_mb,
+                    max_output_bytes=limits.max_output_bytes,
+                )
+                outcome = await self._run(where, chain, files, executable, case.stdin.encode(), case_limits)
+                self.stats["cases_run"] += 1
+                assert isinstance(outcome.observation, PythonObservation)
+                result = results[i] = case_verdict(outcome.observation, case, action.compare)
+                last[:] = [outcome]
+                stop = action.stop_on_failure and result.verdict not in ("accepted", "finished")
+
+        try:
+            done = await asyncio.gather(*(lane(where) for where in lanes), return_exceptions=True)
+        finally:
+            for borrowed in lanes[1:]:
+                assert borrowed is not None and lender is not None
+                self.free.put_nowait(borrowed)
+                lender.give_back()
+        for outcome in done:
+            if isinstance(outcome, BaseException):
+                raise outcome  # an infrastructure failure of one case is the step's
+        final = [r if r is not None else CaseResult(verdict="skipped") for r in results]
+        passed = sum(r.verdict in ("accepted", "finished") for r in final)
+        base = last[0].observation.model_dump() if last else {}
+        obs = CodeObservation(**base, language=chain.language.name, compile=compiled, cases=final, cases_passed=passed)
         failure = None
-        if passed < len(results):
-            first = next(i for i, r in enumerate(results) if r.verdict not in ("accepted", "finished"))
+        if passed < len(final):
+            first = next(i for i, r in enumerate(final) if r.verdict not in ("accepted", "finished"))
             failure = ProgramFailure(
                 "cases_failed",
-                f"{len(results) - passed} of {len(results)} cases failed (first: case {first}, "
-                f"{results[first].verdict})",
+                f"{len(final) - passed} of {len(final)} cases failed (first: case {first}, {final[first].verdict})",
             )
-        hit = tuple(sorted({r.killed_by for r in results if r.killed_by}))
+        hit = tuple(sorted({r.killed_by for r in final if r.killed_by}))
         return StepOutcome(observation=obs, failure=failure, limits_hit=hit)
 
     def _exec_request(
