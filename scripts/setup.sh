@@ -103,7 +103,23 @@ if not exe.exists():
         p.chmod(p.stat().st_mode | 0o005)
 print(f"[setup] jail interpreter: {dest}")
 PYEOF
-# 5. The jail's default Python environment (numpy, pandas, scipy, sympy, ...: the list in
+# 5. The code runner's JavaScript packages (the runtime ones SandboxFusion's image has: programs
+#    `require('lodash')`), pinned, under /usr/local/lib/node_modules (read-only in the jails, on NODE_PATH).
+js_pkgs=(lodash@4.17.21 js-md5@0.7.3 seedrandom@3.0.5 random-seed@0.3.0 commander@12.1.0)
+js_missing=()
+for spec in "${js_pkgs[@]}"; do
+  name=${spec%@*}
+  want=${spec##*@}
+  have=$(sed -n 's/^  "version": "\(.*\)",$/\1/p' "/usr/local/lib/node_modules/$name/package.json" 2>/dev/null || true)
+  [[ "$have" == "$want" ]] || js_missing+=("$spec")
+done
+if ((${#js_missing[@]})); then
+  command -v npm >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq --no-install-recommends npm >/dev/null; }
+  log "installing JavaScript packages for the code runner: ${js_missing[*]}"
+  npm install --global --prefix /usr/local --no-audit --no-fund --loglevel=error "${js_missing[@]}" >/dev/null
+fi
+
+# 6. The jail's default Python environment (numpy, pandas, scipy, sympy, ...: the list in
 #    sandboxd/runners/python/environments/default.txt), read-only under /opt/sandboxd/envs. A no-op when
 #    that list was built already; SANDBOXD_PYTHON__ENVIRONMENTS_DIR moves it.
 "$VENV/bin/sandboxd" env build default

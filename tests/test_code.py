@@ -204,6 +204,12 @@ async def test_pytest_runs_a_test_file_with_the_default_environment(http: httpx.
     assert r["ok"] is False and r["observation"]["exit_code"] == 1 and "1 failed" in r["observation"]["stdout"]
 
 
+async def test_javascript_has_its_packages(http: httpx.AsyncClient) -> None:
+    code = "const _ = require('lodash'); const md5 = require('js-md5'); console.log(_.sum([1, 2, 3]), md5('a'));"
+    r = await run(http, "javascript", code)
+    assert r["ok"] and r["observation"]["stdout"] == "6 0cc175b9c0f1b6a831c399e269772661\n", r
+
+
 async def test_bad_requests_are_named(http: httpx.AsyncClient) -> None:
     r = await run(http, "cobol", "x")
     assert r["http"] == 422 and "available" in r["error"]["message"] and "cpp" in r["error"]["message"], r

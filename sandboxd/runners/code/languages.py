@@ -146,6 +146,8 @@ def _table(python: str) -> list[Language]:
             "javascript",
             "main.js",
             run=("node", "main.js"),
+            # lodash, js-md5, seedrandom, random-seed, commander: installed there by scripts/setup.sh.
+            environ={"NODE_PATH": "/usr/local/lib/node_modules"},
             version=("node", "--version"),
             aliases=("nodejs", "js", "node"),
         ),
