@@ -57,6 +57,45 @@ SYNTAX_ERRORS = {
     "rust": 'fn main(){ let x: i32 = "s"; }',
 }
 COMPILED = sorted(SYNTAX_ERRORS)
+# Touches 400 MB (run with a 128 MB limit): killed at the memory limit, or the runtime's own out-of-memory.
+HOGS = {
+    "c": "#include <stdlib.h>\nint main(){volatile char*p=malloc(400<<20); for(long i=0;i<(400<<20);i+=4096) p[i]=1;}",
+    "cpp": '#include <vector>\n#include <cstdio>\nint main(){std::vector<char> v(400<<20, 1); std::printf("%d", v[9]);}',
+    "java": "public class Main { public static void main(String[] a) { byte[][] k = new byte[400][];\n"
+    "  for (int i = 0; i < 400; i++) { k[i] = new byte[1 << 20]; k[i][7] = 1; } System.out.println(k.length); } }",
+    "go": 'package main\nimport "fmt"\nfunc main(){ b := make([]byte, 400<<20); for i := 0; i < len(b); i += 4096'
+    " { b[i] = 1 }; fmt.Println(len(b)) }",
+    "rust": "fn main(){ let mut v = vec![0u8; 400<<20]; let mut i = 0; while i < v.len() { v[i] = 1; i += 4096; }"
+    ' println!("{}", v[4096]); }',
+    "javascript": "const b = Buffer.alloc(400 << 20, 1); console.log(b[7]);",
+    "bash": "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo ${#x}",
+}
+FLOODS = {
+    "c": '#include <stdio.h>\nint main(){for(;;) puts("yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy");}',
+    "cpp": '#include <cstdio>\nint main(){for(;;) std::puts("yyyyyyyyyyyyyyyyyyyyyyyyyyyyy");}',
+    "java": 'public class Main { public static void main(String[] a) { while (true) System.out.println("yyyyyyyyyyyyy"); } }',
+    "go": 'package main\nimport ("bufio"; "os")\nfunc main(){ w := bufio.NewWriter(os.Stdout); for { w.WriteString("yyyyyyyy\\n") } }',
+    "rust": 'use std::io::Write;\nfn main(){ let o = std::io::stdout(); let mut l = o.lock(); loop { let _ = l.write_all(b"yyyyyyyy\\n"); } }',
+    "javascript": "const s = 'y'.repeat(65536); function w() { process.stdout.write(s, w); } w();",
+    "bash": "yes",
+}
+# Reads a host secret and writes outside its working directory: both must fail; it says what happened.
+ESCAPES = {
+    "c": '#include <stdio.h>\nint main(){puts(fopen("/etc/shadow","r")?"read":"no-read"); '
+    'puts(fopen("/etc/pwned","w")?"wrote":"no-write");}',
+    "cpp": '#include <fstream>\n#include <iostream>\nint main(){std::ifstream r("/etc/shadow"); std::ofstream w("/usr/pwned");'
+    ' std::cout<<(r.good()?"read":"no-read")<<"\\n"<<(w.good()?"wrote":"no-write")<<"\\n";}',
+    "java": "import java.nio.file.*;\npublic class Main { public static void main(String[] a) {\n"
+    '  try { Files.readString(Path.of("/etc/shadow")); System.out.println("read"); } catch (Exception e) { System.out.println("no-read"); }\n'
+    '  try { Files.writeString(Path.of("/etc/pwned"), "x"); System.out.println("wrote"); } catch (Exception e) { System.out.println("no-write"); } } }',
+    "go": 'package main\nimport ("fmt"; "os")\nfunc main(){ if _, e := os.ReadFile("/etc/shadow"); e != nil { fmt.Println("no-read") } else { fmt.Println("read") }\n'
+    ' if e := os.WriteFile("/etc/pwned", []byte("x"), 0644); e != nil { fmt.Println("no-write") } else { fmt.Println("wrote") } }',
+    "rust": 'fn main(){ println!("{}", if std::fs::read("/etc/shadow").is_ok() {"read"} else {"no-read"});'
+    ' println!("{}", if std::fs::write("/etc/pwned", "x").is_ok() {"wrote"} else {"no-write"}); }',
+    "javascript": "const fs = require('fs'); for (const [f, ok, no] of [[() => fs.readFileSync('/etc/shadow'), 'read', 'no-read'],"
+    " [() => fs.writeFileSync('/etc/pwned', 'x'), 'wrote', 'no-write']]) { try { f(); console.log(ok); } catch (e) { console.log(no); } }",
+    "bash": "cat /etc/shadow >/dev/null 2>&1 && echo read || echo no-read; echo x 2>/dev/null >/etc/pwned && echo wrote || echo no-write",
+}
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +161,28 @@ async def test_compile_error_is_the_programs_with_its_output(http: httpx.AsyncCl
     assert r["observation"]["exit_code"] is None and r["observation"]["stdout"] == ""
 
 
+@pytest.mark.parametrize("language", sorted(HOGS))
+async def test_memory_limit(http: httpx.AsyncClient, language: str) -> None:
+    r = await run(http, language, HOGS[language], limits={"memory_mb": 128}, timeout_s=10)
+    assert r["ok"] is False and r["error"]["blame"] == "program", r
+    assert r["error"]["code"] in ("program_killed", "program_exit"), r  # the JVM throws OutOfMemoryError itself
+    if r["error"]["code"] == "program_killed":
+        assert r["observation"]["killed_by"] == "memory" and "memory" in r["observation"]["limits_hit"], r
+
+
+@pytest.mark.parametrize("language", sorted(FLOODS))
+async def test_output_cap(http: httpx.AsyncClient, language: str) -> None:
+    r = await run(http, language, FLOODS[language], timeout_s=10)
+    assert r["ok"] is False and r["observation"]["killed_by"] == "output", r
+    assert r["observation"]["stdout_truncated"] and r["error"]["blame"] == "program", r
+
+
+@pytest.mark.parametrize("language", sorted(ESCAPES))
+async def test_programs_read_no_host_secret_and_write_nothing_outside(http: httpx.AsyncClient, language: str) -> None:
+    r = await run(http, language, ESCAPES[language])
+    assert r["observation"]["stdout"].split() == ["no-read", "no-write"], r
+
+
 async def test_memory_and_output_limits_and_fork_bombs(http: httpx.AsyncClient) -> None:
     hog = "#include <stdlib.h>\nint main(){volatile char*p=malloc(400<<20); for(long i=0;i<(400<<20);i+=4096) p[i]=1;}"
     r = await run(http, "c", hog, limits={"memory_mb": 128})
@@ -145,6 +206,8 @@ async def test_the_compiler_cannot_read_the_host_or_write_outside(http: httpx.As
     assert r["error"]["code"] == "compile_error" and "Permission denied" in r["observation"]["compile"]["stderr"], r
     r = await run(http, "c", '#include "/proc/1/environ"\nint main(){}')
     assert r["error"]["code"] == "compile_error", r
+    r = await run(http, "rust", 'const S: &str = include_str!("/etc/shadow");\nfn main(){ println!("{}", S); }')
+    assert r["error"]["code"] == "compile_error" and "ermission denied" in r["observation"]["compile"]["stderr"], r
     for flags in (["-o", "/tmp/elsewhere"], ["-B/tmp"], ["@/etc/passwd"], ["-fplugin=/tmp/x.so"], ["-include/etc/x"]):
         r = await run(http, "cpp", DOUBLE["cpp"], flags=flags)
         assert r["http"] == 422 and "not allowed" in r["error"]["message"], (flags, r)
