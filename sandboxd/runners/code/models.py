@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import posixpath
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from sandboxd.runners.python.models import MAX_FILES, PythonObservation, check_relative_paths
+from sandboxd.runners.python.models import PythonObservation, StepFiles
 
 Verdict = Literal[
     "accepted", "wrong_answer", "runtime_error", "time_limit", "memory_limit", "output_limit", "finished", "skipped"
@@ -30,8 +27,9 @@ class TestCase(BaseModel):
     memory_mb: int | None = Field(None, ge=16, description="This case's memory cap (default: the step's).")
 
 
-class CodeAction(BaseModel):
-    """Compile (if the language is compiled) and run ``code``; once, or on each of ``cases``."""
+class CodeAction(StepFiles):
+    """Compile (if the language is compiled) and run ``code``; once, or on each of ``cases``. ``files`` are
+    written into the working directory of the compilation and of every run (headers such as testlib.h, data)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -43,13 +41,6 @@ class CodeAction(BaseModel):
     )
     code: str = Field(..., description="The source: written to the language's file (main.cpp, Main.java, ...).")
     stdin: str = Field("", description="Standard input of the run (without `cases`).")
-    files: dict[str, str] = Field(
-        default_factory=dict,
-        max_length=MAX_FILES,
-        description="Files written into the working directory of the compilation and of every run (headers such "
-        "as testlib.h, data): relative path -> content.",
-    )
-    file_encoding: Literal["utf-8", "base64"] = Field("utf-8", description="How `files` contents are written.")
     flags: list[str] | None = Field(
         None,
         max_length=32,
@@ -72,26 +63,6 @@ class CodeAction(BaseModel):
     stop_on_failure: bool = Field(
         False, description="Cases: stop at the first one that does not pass (the rest are `skipped`)."
     )
-
-    @field_validator("files")
-    @classmethod
-    def _relative_paths(cls, files: dict[str, str]) -> dict[str, str]:
-        return check_relative_paths(files)
-
-    @model_validator(mode="after")
-    def _decodable(self) -> CodeAction:
-        if self.file_encoding == "base64":
-            for path, content in self.files.items():
-                try:
-                    base64.b64decode(content, validate=True)
-                except (binascii.Error, ValueError):
-                    raise ValueError(f"files[{path!r}] is not valid base64") from None
-        return self
-
-    def file_bytes(self) -> list[tuple[str, bytes]]:
-        if self.file_encoding == "base64":
-            return [(posixpath.normpath(p), base64.b64decode(c)) for p, c in self.files.items()]
-        return [(posixpath.normpath(p), c.encode()) for p, c in self.files.items()]
 
 
 class CompileObservation(BaseModel):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import posixpath
 from typing import Any
 
 from sandboxd.errors import BadRequest
@@ -109,7 +110,7 @@ class CodeRunner(PythonRunner):
     ) -> StepOutcome:
         lang = chain.language
         source = action.code.encode()
-        files = action.file_bytes()
+        files = [(posixpath.normpath(path), data) for path, data in action.file_bytes()]  # as staged, and keyed
         if lang.compile:
             flags = tuple(action.flags) if action.flags is not None else lang.default_flags
             # The whole command, not only the flags: a change of the table's command is a new entry.

@@ -28,22 +28,67 @@ def check_relative_paths(files: dict[str, str]) -> dict[str, str]:
     return files
 
 
-class PythonAction(BaseModel):
+class StepFiles(BaseModel):
+    """The files a step writes into its sandbox's working directory (python and code actions alike)."""
+
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_FILES,
+        description="Files written into the working directory before the program runs (compiles): relative path -> "
+        "content "
+        f"(at most {MAX_FILES}; names of at most {MAX_NAME_BYTES} bytes per component, {MAX_PATH_BYTES} in all).",
+    )
+    file_encoding: Literal["utf-8", "base64"] = Field(
+        "utf-8", description="How `files` contents are written: UTF-8 text, or base64 of the bytes (binary files)."
+    )
+
+    @field_validator("files")
+    @classmethod
+    def _relative_paths(cls, files: dict[str, str]) -> dict[str, str]:
+        return check_relative_paths(files)
+
+    @model_validator(mode="after")
+    def _creatable(self) -> StepFiles:
+        """Every file can be made: no path is a directory of another (``data`` and ``data/in.txt``), and no
+        two name the same file (``a/../b`` and ``b``). Otherwise the program would start without them."""
+        seen: dict[str, str] = {}
+        for path in self.files:
+            norm = posixpath.normpath(path)
+            if norm in seen:
+                raise ValueError(f"files: {path!r} and {seen[norm]!r} are the same file")
+            seen[norm] = path
+        for norm, path in seen.items():
+            parent = posixpath.dirname(norm)
+            while parent:
+                if parent in seen:
+                    raise ValueError(f"files: {seen[parent]!r} is a file, so {path!r} cannot be made inside it")
+                parent = posixpath.dirname(parent)
+        return self
+
+    @model_validator(mode="after")
+    def _decodable(self) -> StepFiles:
+        if self.file_encoding == "base64":
+            for path, content in self.files.items():
+                try:
+                    base64.b64decode(content, validate=True)
+                except (binascii.Error, ValueError):
+                    raise ValueError(f"files[{path!r}] is not valid base64") from None
+        return self
+
+    def file_bytes(self) -> list[tuple[str, bytes]]:
+        """Each file's path and the bytes to write (decoded once the model is valid)."""
+        if self.file_encoding == "base64":
+            return [(p, base64.b64decode(c)) for p, c in self.files.items()]
+        return [(p, c.encode()) for p, c in self.files.items()]
+
+
+class PythonAction(StepFiles):
     """Run ``code`` as a Python program (one-shot) or as the next cell of a session."""
 
     model_config = ConfigDict(extra="forbid")
 
     code: str = Field(..., description="Python source; runs as __main__.")
     stdin: str = Field("", description="Standard input of the program.")
-    files: dict[str, str] = Field(
-        default_factory=dict,
-        max_length=MAX_FILES,
-        description="Files written into the working directory before the code runs: relative path -> content "
-        f"(at most {MAX_FILES}; names of at most {MAX_NAME_BYTES} bytes per component, {MAX_PATH_BYTES} in all).",
-    )
-    file_encoding: Literal["utf-8", "base64"] = Field(
-        "utf-8", description="How `files` contents are written: UTF-8 text, or base64 of the bytes (binary files)."
-    )
     script: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.py$",
@@ -73,11 +118,6 @@ class PythonAction(BaseModel):
         "`observation.files_missing` with the reason; the program's verdict never depends on it.",
     )
 
-    @field_validator("files")
-    @classmethod
-    def _relative_paths(cls, files: dict[str, str]) -> dict[str, str]:
-        return check_relative_paths(files)
-
     @field_validator("fetch_files")
     @classmethod
     def _fetchable(cls, paths: list[str]) -> list[str]:
@@ -91,44 +131,10 @@ class PythonAction(BaseModel):
         return paths
 
     @model_validator(mode="after")
-    def _creatable(self) -> PythonAction:
-        """Every file can be made: no path is a directory of another (``data`` and ``data/in.txt``), and no
-        two name the same file (``a/../b`` and ``b``). Otherwise the program would start without them."""
-        seen: dict[str, str] = {}
-        for path in self.files:
-            norm = posixpath.normpath(path)
-            if norm in seen:
-                raise ValueError(f"files: {path!r} and {seen[norm]!r} are the same file")
-            seen[norm] = path
-        for norm, path in seen.items():
-            parent = posixpath.dirname(norm)
-            while parent:
-                if parent in seen:
-                    raise ValueError(f"files: {seen[parent]!r} is a file, so {path!r} cannot be made inside it")
-                parent = posixpath.dirname(parent)
-        return self
-
-    @model_validator(mode="after")
     def _script_is_not_a_file(self) -> PythonAction:
         if self.script is not None and self.script in {posixpath.normpath(p) for p in self.files}:
             raise ValueError(f"script: {self.script!r} is also one of the step's files")
         return self
-
-    @model_validator(mode="after")
-    def _decodable(self) -> PythonAction:
-        if self.file_encoding == "base64":
-            for path, content in self.files.items():
-                try:
-                    base64.b64decode(content, validate=True)
-                except (binascii.Error, ValueError):
-                    raise ValueError(f"files[{path!r}] is not valid base64") from None
-        return self
-
-    def file_bytes(self) -> list[tuple[str, bytes]]:
-        """Each file's path and the bytes to write (decoded once the model is valid)."""
-        if self.file_encoding == "base64":
-            return [(p, base64.b64decode(c)) for p, c in self.files.items()]
-        return [(p, c.encode()) for p, c in self.files.items()]
 
 
 class PythonObservation(BaseModel):
