@@ -9,6 +9,7 @@ from sandboxd.errors import BadRequest, PayloadTooLarge
 from sandboxd.runners.base import RunnerKind, StepLimits
 from sandboxd.runners.code.config import CodeRunnerConfig
 from sandboxd.runners.code.models import CodeAction, CodeObservation
+from sandboxd.runners.python import check_limits, check_payload
 
 
 def admit(action: CodeAction, limits: StepLimits, cfg: CodeRunnerConfig) -> None:
@@ -27,13 +28,7 @@ def admit(action: CodeAction, limits: StepLimits, cfg: CodeRunnerConfig) -> None
         why = check_flags(chain.language, action.flags)
         if why:
             raise BadRequest(f"action.flags: {why}")
-    for what, size, cap in (
-        ("code", len(action.code.encode()), cfg.max_code_bytes),
-        ("stdin", len(action.stdin.encode()), cfg.max_stdin_bytes),
-        ("files", sum(len(d) for _, d in action.file_bytes()), cfg.max_files_bytes),
-    ):
-        if size > cap:
-            raise PayloadTooLarge(f"action.{what} is {size} bytes; this node takes at most {cap}")
+    check_payload(action, action.code, action.stdin, cfg)
     cases = action.cases or []
     if len(cases) > cfg.max_cases:
         raise BadRequest(f"action.cases: {len(cases)} cases; this node takes at most {cfg.max_cases} per step")
@@ -51,12 +46,7 @@ def admit(action: CodeAction, limits: StepLimits, cfg: CodeRunnerConfig) -> None
             raise BadRequest(
                 f"action.cases[{i}].timeout_s: {case.timeout_s} exceeds the step's timeout_s {limits.timeout_s}"
             )
-    if limits.memory_mb is not None and limits.memory_mb > cfg.memory_mb:
-        raise BadRequest(f"limits.memory_mb: {limits.memory_mb} exceeds this node's maximum {cfg.memory_mb}")
-    if limits.max_output_bytes is not None and limits.max_output_bytes > cfg.max_output_bytes:
-        raise BadRequest(
-            f"limits.max_output_bytes: {limits.max_output_bytes} exceeds this node's maximum {cfg.max_output_bytes}"
-        )
+    check_limits(limits, cfg)
 
 
 def describe(cfg: CodeRunnerConfig) -> dict[str, Any]:

@@ -8,29 +8,37 @@ from sandboxd.errors import BadRequest, PayloadTooLarge
 from sandboxd.runners.base import RunnerKind, StepLimits
 from sandboxd.runners.python import environments
 from sandboxd.runners.python.config import PythonRunnerConfig
-from sandboxd.runners.python.models import PythonAction, PythonObservation
+from sandboxd.runners.python.models import PythonAction, PythonObservation, StepFiles
 
 
-def admit(action: PythonAction, limits: StepLimits, cfg: PythonRunnerConfig) -> None:
-    """Payload caps and per-step limits above this node's maxima are the client's error."""
-    code = len(action.code.encode())
-    if code > cfg.max_code_bytes:
-        raise PayloadTooLarge(f"action.code is {code} bytes; this node takes at most {cfg.max_code_bytes}")
-    stdin = len(action.stdin.encode())
-    if stdin > cfg.max_stdin_bytes:
-        raise PayloadTooLarge(f"action.stdin is {stdin} bytes; this node takes at most {cfg.max_stdin_bytes}")
-    files = sum(len(data) for _, data in action.file_bytes())
-    if files > cfg.max_files_bytes:
-        raise PayloadTooLarge(f"action.files total {files} bytes; this node takes at most {cfg.max_files_bytes}")
-    if action.env is not None and action.env not in environments.served(cfg.environments_dir):
-        built = ", ".join(environments.served(cfg.environments_dir)) or "none"
-        raise BadRequest(f"action.env: no Python environment {action.env!r} on this node (built: {built})")
+def check_payload(action: StepFiles, code: str, stdin: str, cfg: PythonRunnerConfig) -> None:
+    """A program, its stdin and its files within this node's caps (python and code steps alike), or a 413."""
+    for what, size, cap in (
+        ("code", len(code.encode()), cfg.max_code_bytes),
+        ("stdin", len(stdin.encode()), cfg.max_stdin_bytes),
+        ("files", sum(len(data) for _, data in action.file_bytes()), cfg.max_files_bytes),
+    ):
+        if size > cap:
+            raise PayloadTooLarge(f"action.{what} is {size} bytes; this node takes at most {cap}")
+
+
+def check_limits(limits: StepLimits, cfg: PythonRunnerConfig) -> None:
+    """Per-step limits above this node's maxima are the client's error."""
     if limits.memory_mb is not None and limits.memory_mb > cfg.memory_mb:
         raise BadRequest(f"limits.memory_mb: {limits.memory_mb} exceeds this node's maximum {cfg.memory_mb}")
     if limits.max_output_bytes is not None and limits.max_output_bytes > cfg.max_output_bytes:
         raise BadRequest(
             f"limits.max_output_bytes: {limits.max_output_bytes} exceeds this node's maximum {cfg.max_output_bytes}"
         )
+
+
+def admit(action: PythonAction, limits: StepLimits, cfg: PythonRunnerConfig) -> None:
+    """Payload caps, the environment named, and per-step limits within this node's."""
+    check_payload(action, action.code, action.stdin, cfg)
+    if action.env is not None and action.env not in environments.served(cfg.environments_dir):
+        built = ", ".join(environments.served(cfg.environments_dir)) or "none"
+        raise BadRequest(f"action.env: no Python environment {action.env!r} on this node (built: {built})")
+    check_limits(limits, cfg)
 
 
 def _admit(action: Any, limits: StepLimits, cfg: Any) -> None:
