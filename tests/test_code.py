@@ -313,3 +313,21 @@ async def test_cases_spread_over_free_slots_within_the_tenants_share(http: httpx
     parallel, sequential = spans
     assert any(b[0] < a[1] for a, b in itertools.pairwise(parallel)), parallel
     assert all(b[0] >= a[1] for a, b in itertools.pairwise(sequential)), sequential
+
+
+async def test_judging_and_case_limits_cannot_be_gamed(http: httpx.AsyncClient) -> None:
+    """Found by a red team: truncated output was judged as if whole (the right answer, then anything past
+    the cap, was accepted); a case could ask for more memory than its step; duplicate paths made the compile
+    cache serve an artifact built from other files; cases could run far past the node's longest step."""
+    pad = '#include <cstdio>\nint main(){std::printf("42\\n"); for(int i=0;i<1021;i++) std::putchar(10);'
+    liar = pad + ' std::printf("WRONG ANSWER 99999\\n");}'
+    r = await run(http, "cpp", liar, cases=[{"expected_stdout": "42\n"}], limits={"max_output_bytes": 1024})
+    assert r["observation"]["cases"][0]["verdict"] == "output_limit" and r["ok"] is False, r
+    r = await run(http, "c", DOUBLE["c"], cases=[{"stdin": "1", "memory_mb": 500}], limits={"memory_mb": 64})
+    assert r["http"] == 422 and "memory" in r["error"]["message"], r
+    r = await run(http, "c", '#include "x.h"\nint main(){}', files={"x.h": "", "./x.h": ""})
+    assert r["http"] == 422 and "same file" in r["error"]["message"], r
+    r = await run(http, "bash", "sleep 1", cases=[{"stdin": ""}] * 40, timeout_s=10)
+    assert r["http"] == 422 and "max_timeout_s" in r["error"]["message"], r
+    r = await run(http, "bash", "true", cases=[])
+    assert r["http"] == 422, r

@@ -235,3 +235,16 @@ async def test_fetched_files_larger_than_the_channel_buffer_come_back(http: http
     body = r.json()
     assert body["ok"], body  # before: killed at its timeout, the files lost
     assert base64.b64decode(body["observation"]["files"]["big.bin"]) == bytes(range(256)) * 6000
+
+
+async def test_fetch_files_return_the_sandboxs_files_not_the_harness_proc(http: httpx.AsyncClient) -> None:
+    """The process that reads ``fetch_files`` is the namespace's init, whose /proc entries the program may not
+    read: a link the program leaves there is refused (found by a red team)."""
+    code = "import os\nos.symlink('/proc/1/environ', 'env.txt')\nopen('..notes', 'w').write('dots')"
+    fields = {"fetch_files": ["env.txt", "/proc/1/maps", "..notes"], "files": {"..data": "x"}}
+    r = await http.post("/rollout/step", json={"runner": "python", "action": {"code": code, **fields}})
+    body = r.json()
+    assert body["ok"], body
+    missing = body["observation"]["files_missing"]
+    assert "env.txt" in missing and "(/proc)" in missing["/proc/1/maps"], missing
+    assert base64.b64decode(body["observation"]["files"]["..notes"]) == b"dots"

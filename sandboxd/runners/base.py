@@ -15,6 +15,7 @@ failed; the runner says so.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,9 @@ class StepLimits:
     memory_mb: int | None = None
     max_output_bytes: int | None = None
     lender: SlotLender | None = field(default=None, compare=False)  # one-shot steps, from the worker's admission
+    # The longest a step may run in all (the node's max_timeout_s): a kind that runs several executions per
+    # step (test cases) keeps their sum within it.
+    budget_s: float = math.inf
 
 
 @dataclass(frozen=True)

@@ -173,6 +173,7 @@ class Worker:
             timeout_s=timeout,
             memory_mb=lim.memory_mb if lim else None,
             max_output_bytes=lim.max_output_bytes if lim else None,
+            budget_s=s.max_timeout_s,
         )
         try:
             size = len(orjson.dumps(req.action))

@@ -37,15 +37,22 @@ def admit(action: CodeAction, limits: StepLimits, cfg: CodeRunnerConfig) -> None
         raise PayloadTooLarge(
             f"action.cases hold {stdin} bytes of stdin; this node takes at most {cfg.max_stdin_bytes}"
         )
+    step_memory = limits.memory_mb or cfg.memory_mb
     for i, case in enumerate(cases):
-        if case.memory_mb is not None and case.memory_mb > cfg.memory_mb:
+        if case.memory_mb is not None and case.memory_mb > step_memory:
             raise BadRequest(
-                f"action.cases[{i}].memory_mb: {case.memory_mb} exceeds this node's maximum {cfg.memory_mb}"
+                f"action.cases[{i}].memory_mb: {case.memory_mb} exceeds the step's memory ({step_memory} MB)"
             )
         if case.timeout_s is not None and case.timeout_s > limits.timeout_s:
             raise BadRequest(
                 f"action.cases[{i}].timeout_s: {case.timeout_s} exceeds the step's timeout_s {limits.timeout_s}"
             )
+    runs_s = sum(case.timeout_s or limits.timeout_s for case in cases) if cases else limits.timeout_s
+    if runs_s > limits.budget_s:
+        raise BadRequest(
+            f"action.cases: {len(cases)} cases could run for {runs_s:g} s in all; this node runs one step for at "
+            f"most {limits.budget_s:g} s (max_timeout_s): fewer cases, shorter case timeouts, or several steps"
+        )
     check_limits(limits, cfg)
 
 

@@ -33,7 +33,11 @@ class CodeRunnerConfig(PythonRunnerConfig):
         "whose toolchain is installed (scripts/setup.sh installs them all).",
     )
     compile_timeout_s: float = Field(
-        20.0, gt=0, le=300, description="A compilation's wall-clock limit (a step may ask for less)."
+        20.0,
+        gt=0,
+        le=60,
+        description="A compilation's wall-clock limit (a step may ask for less). At most 60 s: a step's runs "
+        "are bounded by the node's max_timeout_s, and its idempotency key is held that long plus 60 s.",
     )
     compile_memory_mb: int = Field(512, ge=64, description="A compilation's memory cap (its sandbox's cgroup).")
     compile_cache_dir: str = Field(

@@ -52,6 +52,7 @@ class CodeAction(StepFiles):
     )
     cases: list[TestCase] | None = Field(
         None,
+        min_length=1,
         description="Run the program once per case (compiled once), each with its stdin and limits; the "
         "observation has a verdict per case.",
     )

@@ -55,6 +55,8 @@ def case_verdict(obs: PythonObservation, case: TestCase, compare: str) -> CaseRe
         verdict = "time_limit"
     elif obs.killed_by in ("memory", "output"):
         verdict = f"{obs.killed_by}_limit"
+    elif obs.stdout_truncated and case.expected_stdout is not None:
+        verdict = "output_limit"  # what was kept cannot be judged: the rest could be anything
     elif obs.exit_code != 0:
         verdict = "runtime_error"
     elif case.expected_stdout is None:

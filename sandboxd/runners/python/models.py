@@ -18,7 +18,7 @@ def check_relative_paths(files: dict[str, str]) -> dict[str, str]:
     """Anything the sandbox could not create is the client's error here, never the program's or ours."""
     for path in files:
         norm = posixpath.normpath(path)
-        if not path or path.startswith("/") or norm.startswith("..") or "\x00" in path or norm == ".":
+        if not path or path.startswith("/") or norm in (".", "..") or norm.startswith("../") or "\x00" in path:
             raise ValueError(f"file path must be relative and stay inside the workdir: {path!r}")
         if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
             raise ValueError(f"file path longer than {MAX_PATH_BYTES} bytes: {path[:40]!r}...")
@@ -126,7 +126,8 @@ class PythonAction(StepFiles):
                 raise ValueError(f"fetch_files: {path!r} is not a path")
             if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
                 raise ValueError(f"fetch_files: path longer than {MAX_PATH_BYTES} bytes: {path[:40]!r}...")
-            if not path.startswith("/") and posixpath.normpath(path).startswith(".."):
+            norm = posixpath.normpath(path)
+            if not path.startswith("/") and (norm == ".." or norm.startswith("../")):
                 raise ValueError(f"fetch_files: relative path {path!r} leaves the working directory")
         return paths
 

@@ -71,6 +71,7 @@ _os_read = os.read
 _os_open = os.open
 _os_close = os.close
 _os_fstat = os.fstat
+_os_readlink = os.readlink
 _os_fork = os.fork
 _os_kill = os.kill
 _os_waitpid = os.waitpid
@@ -907,6 +908,11 @@ def _collect(paths: list[str], cap: int) -> tuple[list[int], dict[str, str], byt
         try:
             if not _S_ISREG(_os_fstat(fd).st_mode):
                 missing[str(i)] = "not a regular file"
+                continue
+            if _os_readlink(f"/proc/self/fd/{fd}").startswith("/proc/"):
+                # Through a link the program left, this process's own /proc entries (it is the namespace's
+                # init, which the program may not read): what it asks for must be the sandbox's files.
+                missing[str(i)] = "not a file of the sandbox's file systems (/proc)"
                 continue
             room = cap - total
             data = bytearray()
