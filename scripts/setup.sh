@@ -120,7 +120,7 @@ if ((${#js_missing[@]})); then
 fi
 
 # 6. The jail's default Python environment (numpy, pandas, scipy, sympy, ...: the list in
-#    sandboxd/runners/python/environments/default.txt), read-only under /opt/sandboxd/envs. A no-op when
+#    sandboxd/runners/python/environments/default.txt), read-only under /usr/local/lib/sandboxd/envs. A no-op when
 #    that list was built already; SANDBOXD_PYTHON__ENVIRONMENTS_DIR moves it.
 "$VENV/bin/sandboxd" env build default
 log "ready: $VENV/bin/sandboxd"

@@ -19,7 +19,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandboxd.runners.python.jail import env_mount
+from sandboxd.runners.python.environments import Environment
+from sandboxd.runners.python.jail import env_path
 
 # Flags a C or C++ compile may be given: language standard, optimisation, macros, warnings, the
 # libraries SandboxFusion links. Nothing that names a file or a program (-o, -B, -wrapper, @file,
@@ -74,7 +75,7 @@ JVM = ("-XX:+UseSerialGC", "-XX:ActiveProcessorCount=1", "-XX:TieredStopAtLevel=
 GO_ENV = {"GOCACHE": "/tmp/.cache/go", "GOPATH": "/tmp/go", "GO111MODULE": "off", "CGO_ENABLED": "0", "HOME": "/tmp"}
 
 
-def _table(python: str) -> list[Language]:
+def _table(python: str, pytest_env: Environment | None) -> list[Language]:
     return [
         Language(
             "c",
@@ -156,7 +157,7 @@ def _table(python: str) -> list[Language]:
             "pytest",
             "test_main.py",
             run=(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_main.py"),
-            environ={"PYTHONPATH": env_mount("default"), "PYTHONDONTWRITEBYTECODE": "1"},
+            environ={"PYTHONPATH": env_path(pytest_env) if pytest_env else "", "PYTHONDONTWRITEBYTECODE": "1"},
             version=(python, "-c", "import sys; print(sys.version.split()[0])"),
             needs=python,
         ),
@@ -169,17 +170,17 @@ class Toolchain:
     version: str  # what its version command printed: part of every compile cache key
 
 
-def installed(python: str, enabled: list[str], pytest_site: str | None) -> dict[str, Toolchain]:
+def installed(python: str, enabled: list[str], pytest_env: Environment | None) -> dict[str, Toolchain]:
     """The languages of the table whose toolchain this host has (those named in ``enabled``, or all), by
-    name and by alias. pytest needs the default Python environment (``pytest_site``, its host path)."""
+    name and by alias. pytest needs a Python environment that has it (the node's default one)."""
     found: dict[str, Toolchain] = {}
-    for lang in _table(python):
+    for lang in _table(python, pytest_env):
         if enabled and lang.name not in enabled:
             continue
         exe = lang.needs or shutil.which(lang.version[0], path=JAIL_PATH)
         if not exe or not Path(exe).exists():
             continue
-        if lang.name == "pytest" and not (pytest_site and (Path(pytest_site) / "pytest").is_dir()):
+        if lang.name == "pytest" and not (pytest_env and (Path(pytest_env.site) / "pytest").is_dir()):
             continue
         try:
             proc = subprocess.run(

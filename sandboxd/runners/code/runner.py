@@ -32,8 +32,7 @@ from sandboxd.runners.python.runner import PythonRunner, Slot
 @functools.cache
 def toolchains(prefix: str, enabled: tuple[str, ...], environments_dir: str) -> dict[str, Toolchain]:
     """What this host can compile and run (probed once per process)."""
-    site = served(environments_dir).get("default")
-    return installed(python_executable(prefix), list(enabled), site.site if site else None)
+    return installed(python_executable(prefix), list(enabled), served(environments_dir).get("default"))
 
 
 def node_toolchains(cfg: CodeRunnerConfig) -> dict[str, Toolchain]:

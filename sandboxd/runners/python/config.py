@@ -94,8 +94,9 @@ class PythonRunnerConfig(RunnerConfig):
         1.0, ge=0.0, description="Session step past its timeout: SIGINT first, SIGKILL this long after."
     )
     environments_dir: str = Field(
-        "/opt/sandboxd/envs",
-        description="Where Python environments are built (`sandboxd env build`); mounted read-only into every jail.",
+        "/usr/local/lib/sandboxd/envs",
+        description="Where Python environments are built (`sandboxd env build`), read-only in every jail: under "
+        "/usr they are in the jail's /usr already (no mount per execution), elsewhere each is bound in.",
     )
     default_environment: str = Field(
         "default",

@@ -71,10 +71,14 @@ def python_executable(prefix: str) -> str:
     return str(exe)
 
 
-def env_mount(name: str) -> str:
-    """Where environment ``name`` is in every jail, wherever it was built (not under /tmp, which each
-    execution gets afresh)."""
-    return f"{ENVS_MOUNT}/{name}/site"
+def env_path(env: Environment) -> str:
+    """Where ``env``'s package tree is in every jail. Under ``/usr`` (the default directory) it is there
+    already, read-only, at its own path: no mount of its own, which every execution's mount namespace
+    would copy (one bind mount more cost B1 ~1.5% of its one-shots/s, measured side by side). Elsewhere
+    it is bound at a fixed path (never under /tmp, which each execution gets afresh)."""
+    if env.site.startswith("/usr/"):
+        return env.site
+    return f"{ENVS_MOUNT}/{env.name}/site"
 
 
 def jail_environments(cfg: PythonRunnerConfig) -> list[tuple[str, Environment]]:
@@ -92,8 +96,8 @@ def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str =
         MountPt(src=str(JAILSIDE_DIR), dst=JAILSIDE_MOUNT, is_bind=True),
     ]
     envs = jail_environments(cfg)
-    mounts += [MountPt(src=env.site, dst=env_mount(name), is_bind=True) for name, env in envs]
-    served = [[env_mount(name), cfg.preload.get(name, [])] for name, _ in envs]
+    mounts += [MountPt(src=env.site, dst=env_path(env), is_bind=True) for _, env in envs if env_path(env) != env.site]
+    served = [[env_path(env), cfg.preload.get(name, [])] for name, env in envs]
     return NsJailConfig(
         name="sandboxd",
         mode=Mode.ONCE,
