@@ -24,11 +24,21 @@ PROGRAMS: list[tuple[str, str, dict[str, Any]]] = [
     ),
     ("infinite loop (1 s limit)", "while True:\n    pass", {"timeout_s": 1}),
     ("network is cut off", "import socket\nsocket.create_connection(('127.0.0.1', 8080), timeout=1)", {}),
+    ("numpy + sympy", "import numpy, sympy\nprint(numpy.arange(10).sum(), sympy.factor('x**2 - 1'))", {}),
 ]
 
 
 # One real step per other kind the node serves, and what to print of its observation.
 KIND_DEMOS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "code": (
+        "C++: compile and run",
+        {
+            "language": "cpp",
+            "code": "#include <iostream>\nint main(){int a,b; std::cin>>a>>b; std::cout<<a+b;}",
+            "stdin": "20 22",
+        },
+        "stdout",
+    ),
     "tools": ("retail API: find a user", {"tool": "find_user_id_by_email", "args": {"email": "nobody@x.io"}}, "error"),
     "sql": ("TPC-H Q6 on DuckDB", {"tpch": 6}, "rows"),
     "textgame": ("10 text-game episodes", {"op": "episodes", "seed": 1, "steps": 40, "batch": 10}, "total_reward"),
