@@ -187,6 +187,7 @@ class FusionRunner:
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
+        self._names: list[str] | None = None
 
     async def _until_admitted(self, run: Any, deadline: float) -> Any:
         """Retry our admission control (429) until the deadline; the queue itself waits up to it."""
@@ -216,7 +217,7 @@ class FusionRunner:
 
     async def run(self, req: RunCodeRequest, tenant: str) -> dict[str, Any]:
         settings = self.gateway.settings
-        languages = self._languages()
+        languages = await self._languages()
         if req.language not in languages:
             raise BadRequest(
                 f"language {req.language!r} is not available on this node (available: {', '.join(languages)})"
@@ -259,17 +260,21 @@ class FusionRunner:
             python_result(res, memory_mb), obs.get("files") or {}, note and f"fetch_files: {note}", res
         )
 
-    def _languages(self) -> list[str]:
-        kinds = self.gateway.kinds
-        names = [lang for lang in NATIVE if lang in kinds]
-        if "code" in kinds:
-            from sandboxd.runners.code.config import CodeRunnerConfig
-            from sandboxd.runners.code.runner import node_toolchains
+    async def _languages(self) -> list[str]:
+        """What this node runs (once per process: the code kind's toolchains are probed off the event loop)."""
+        if self._names is None:
+            kinds = self.gateway.kinds
+            names = [lang for lang in NATIVE if lang in kinds]
+            if "code" in kinds:
+                from sandboxd.runners.code.config import CodeRunnerConfig
+                from sandboxd.runners.code.runner import node_toolchains
 
-            cfg = self.gateway.settings.runner_config("code")
-            assert isinstance(cfg, CodeRunnerConfig)
-            names += sorted(n for n in node_toolchains(cfg) if n not in NATIVE)
-        return names
+                cfg = self.gateway.settings.runner_config("code")
+                assert isinstance(cfg, CodeRunnerConfig)
+                chains = await asyncio.to_thread(node_toolchains, cfg)
+                names += sorted(n for n in chains if n not in NATIVE)
+            self._names = names
+        return self._names
 
     async def _code(self, req: RunCodeRequest, tenant: str, deadline: float) -> dict[str, Any]:
         """A language of the ``code`` kind: compiled (with its cache) and run in one step."""

@@ -5,6 +5,7 @@ No ``from __future__ import annotations`` here: FastAPI reads the routes'
 written as a string would not resolve.
 """
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
@@ -107,7 +108,8 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             "observation_schema": k.observation.model_json_schema(),
         }
         if k.describe is not None:
-            body.update(k.describe(gateway.settings.runner_config(kind)))
+            # Off the event loop: a kind may probe the host the first time (the code kind's toolchains).
+            body.update(await asyncio.to_thread(k.describe, gateway.settings.runner_config(kind)))
         return json_response(body)
 
     return api

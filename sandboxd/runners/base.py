@@ -27,7 +27,10 @@ from sandboxd.errors import BadRequest, Saturated
 
 
 class SlotLender(Protocol):
-    """More of a kind's slots for the step that holds one, for work it can spread (a program's test cases)."""
+    """More of a kind's slots for the step that holds one, for work it can spread (a program's test cases).
+
+    A runner whose class says ``borrows_slots = True`` gets one in its one-shot steps' limits; the others'
+    steps go without (no per-step work for kinds that never borrow)."""
 
     def borrow(self) -> bool:
         """One more slot, now, if one is free, nobody waits, and the step's tenant is below its fair share."""

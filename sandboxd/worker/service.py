@@ -89,11 +89,14 @@ class Worker:
         self.metrics = WorkerMetrics(index)
         self.node: Channel | None = None  # the node process's link: session ends are told there
         self._reaper: asyncio.Task[None] | None = None
+        self._borrowers: set[str] = set()
         self._max_bytes = {k: settings.runner_config(k).max_action_bytes for k in self.all_kinds}
 
     async def start(self) -> None:
         for name, kind in self.kinds.items():
             self.runners[name] = kind.runner_class()(self.settings.runner_config(name), self.ctx)
+        # Kinds whose steps may spread over more slots (``runners.base.SlotLender``): only they get a lender.
+        self._borrowers = {name for name, r in self.runners.items() if getattr(r, "borrows_slots", False)}
         await asyncio.gather(*(r.start() for r in self.runners.values()))
         capacity = {k: r.capacity() for k, r in self.runners.items()}
         # The node's queue, shared out over the workers that host each kind (the node updates the shares when a
@@ -211,12 +214,15 @@ class Worker:
             if run is None:  # a front sent a kind this worker does not host: a bug of ours, said as one
                 raise InfraError(f"worker {self.index} does not host runner {runner!r}")
             async with self.admission.slot(runner, deadline, priority, h["tenant"]):
-                lender = self.admission.lender(runner, h["tenant"])
-                try:
-                    outcome = await run.step(action, None, dataclasses.replace(limits, lender=lender))
-                finally:
-                    while lender.lent:  # a runner that did not give back what it borrowed
-                        lender.give_back()
+                if runner not in self._borrowers:
+                    outcome = await run.step(action, None, limits)
+                else:
+                    lender = self.admission.lender(runner, h["tenant"])
+                    try:
+                        outcome = await run.step(action, None, dataclasses.replace(limits, lender=lender))
+                    finally:
+                        while lender.lent:  # a runner that did not give back what it borrowed
+                            lender.give_back()
             return self._result(runner, outcome, t0, None)
         except SandboxdError as exc:
             return self._failed(runner, exc, t0, session_id)

@@ -39,6 +39,11 @@ def node_toolchains(cfg: CodeRunnerConfig) -> dict[str, Toolchain]:
     return toolchains(cfg.resolved_prefix(), tuple(cfg.languages), cfg.environments_dir)
 
 
+# What a case's result and a compilation's keep of their execution's observation (the fields they share).
+RUN_FIELDS = set(CaseResult.model_fields) - {"verdict"}
+COMPILE_FIELDS = set(CompileObservation.model_fields) - {"wall_ms", "cached"}
+
+
 def judge(compare: str, expected: str, got: str) -> bool:
     if compare == "exact":
         return got == expected
@@ -62,21 +67,12 @@ def case_verdict(obs: PythonObservation, case: TestCase, compare: str) -> CaseRe
         verdict = "finished"
     else:
         verdict = "accepted" if judge(compare, case.expected_stdout, obs.stdout) else "wrong_answer"
-    return CaseResult(
-        verdict=verdict,  # type: ignore[arg-type]
-        exit_code=obs.exit_code,
-        signal=obs.signal,
-        stdout=obs.stdout,
-        stderr=obs.stderr,
-        stdout_truncated=obs.stdout_truncated,
-        timed_out=obs.timed_out,
-        killed_by=obs.killed_by,
-        cpu_ms=obs.cpu_ms,
-        max_rss_kb=obs.max_rss_kb,
-    )
+    return CaseResult(verdict=verdict, **obs.model_dump(include=RUN_FIELDS))  # type: ignore[arg-type]
 
 
 class CodeRunner(PythonRunner):
+    borrows_slots = True  # its cases spread over free slots (``StepLimits.lender``)
+
     def __init__(self, cfg: CodeRunnerConfig, ctx: RunnerContext) -> None:
         super().__init__(cfg, ctx)
         self.code_cfg = cfg
@@ -159,15 +155,7 @@ class CodeRunner(PythonRunner):
         wall_ms = round((asyncio.get_running_loop().time() - started) * 1000, 3)
         obs = outcome.observation
         assert isinstance(obs, PythonObservation)
-        compiled = CompileObservation(
-            exit_code=obs.exit_code,
-            stdout=obs.stdout,
-            stderr=obs.stderr,
-            timed_out=obs.timed_out,
-            killed_by=obs.killed_by,
-            cpu_ms=obs.cpu_ms,
-            wall_ms=wall_ms,
-        )
+        compiled = CompileObservation(**obs.model_dump(include=COMPILE_FIELDS), wall_ms=wall_ms)
         artifact = (obs.files or {}).get(lang.artifact)
         if outcome.failure is None and artifact is not None:
             return compiled, base64.b64decode(artifact), None
@@ -281,26 +269,13 @@ class CodeRunner(PythonRunner):
         fetch: list[str] | None,
         executable: tuple[str, ...] | list[str] = (),
     ) -> tuple[dict[str, Any], bytes]:
-        cfg = self.cfg
-        header: dict[str, Any] = {
-            "op": "run",
-            "timeout_s": limits.timeout_s,
-            "cpu_s": max(1, int(limits.timeout_s + 0.999)),
-            "max_output_bytes": limits.max_output_bytes or cfg.max_output_bytes,
-            "output_kill_bytes": cfg.output_kill_bytes,
-            "fsize_bytes": cfg.fsize_mb << 20,
-            "nofile": cfg.nofile,
-            "interrupt_grace_s": cfg.interrupt_grace_s,
-            "files": [[path, len(data)] for path, data in files],
-            "stdin_len": len(stdin),
-            "exec": {"argv": argv, "environ": environ, "x": list(executable)},
-            # The harness reports the program's status (and these files) after it ends.
-            "fetch": fetch or [],
-            "fetch_max_bytes": cfg.max_fetch_bytes,
-        }
+        header = self._execution(limits, files, stdin)
+        header["exec"] = {"argv": argv, "environ": environ, "x": list(executable)}
+        header["fetch"] = fetch or []  # the harness reports the program's status (and these files) after it ends
+        header["fetch_max_bytes"] = self.cfg.max_fetch_bytes
         return header, b"".join(data for _, data in files) + stdin
 
     async def _execute(self, slot: Slot | None, header: dict[str, Any], body: bytes, limits: StepLimits) -> StepOutcome:
         if slot is None:
-            return await self._cold_oneshot(header, body, limits, None)
+            return await self._cold_oneshot(header, body, limits)
         return await self._oneshot(slot, header, body, limits, None)

@@ -83,7 +83,7 @@ def env_path(env: Environment) -> str:
 
 def jail_environments(cfg: PythonRunnerConfig) -> list[tuple[str, Environment]]:
     """The environments a jail serves, in the order the zygote numbers them (``action.env`` -> index)."""
-    return sorted(environments.served(cfg.environments_dir).items())
+    return list(environments.served(cfg.environments_dir).items())  # by name, as ``served`` keeps them
 
 
 def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str = "sandbox") -> NsJailConfig:
@@ -343,13 +343,9 @@ class Jail:
         """Read one frame from the zygote, collecting any passed file descriptors."""
         assert self.ctl is not None
         while True:
-            if len(self._ctl_buf) >= wire.PREFIX.size:
-                head_len, body_len = wire.decode_prefix(bytes(self._ctl_buf[: wire.PREFIX.size]))
-                total = wire.PREFIX.size + head_len + body_len
-                if len(self._ctl_buf) >= total:
-                    head = bytes(self._ctl_buf[wire.PREFIX.size : wire.PREFIX.size + head_len])
-                    del self._ctl_buf[:total]
-                    return dict(json.loads(head))
+            header = wire.pop_header(self._ctl_buf)
+            if header is not None:
+                return header
             data, anc = await _recvmsg(self.ctl, 65536, socket.CMSG_SPACE(16 * 4) + socket.CMSG_SPACE(12))
             for level, kind, payload in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

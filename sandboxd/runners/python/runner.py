@@ -345,11 +345,9 @@ class PythonRunner:
             return env
         return None
 
-    def _request(self, action: PythonAction, limits: StepLimits) -> tuple[dict[str, Any], bytes]:
-        files = action.file_bytes()
-        stdin = action.stdin.encode()
-        code = action.code.encode()
-        header = {
+    def _execution(self, limits: StepLimits, files: list[tuple[str, bytes]], stdin: bytes) -> dict[str, Any]:
+        """An execution's request header: its limits, and how its body splits into files and stdin."""
+        return {
             "op": "run",
             "timeout_s": limits.timeout_s,
             "cpu_s": max(1, int(limits.timeout_s + 0.999)),
@@ -361,6 +359,12 @@ class PythonRunner:
             "files": [[path, len(data)] for path, data in files],
             "stdin_len": len(stdin),
         }
+
+    def _request(self, action: PythonAction, limits: StepLimits) -> tuple[dict[str, Any], bytes]:
+        files = action.file_bytes()
+        stdin = action.stdin.encode()
+        code = action.code.encode()
+        header = self._execution(limits, files, stdin)
         if action.script is not None:
             header["script"] = action.script
         env = self._env_of(action)
@@ -388,16 +392,14 @@ class PythonRunner:
         flavor = self._flavor(header, action)
         if not self.cfg.warm_pool:
             async with self._cold:
-                return await self._cold_oneshot(header, body, limits, flavor)
+                return await self._cold_oneshot(header, body, limits)
         slot = await self.free.get()
         try:
             return await self._oneshot(slot, header, body, limits, flavor)
         finally:
             self.free.put_nowait(slot)
 
-    async def _cold_oneshot(
-        self, header: dict[str, Any], body: bytes, limits: StepLimits, flavor: int | None
-    ) -> StepOutcome:
+    async def _cold_oneshot(self, header: dict[str, Any], body: bytes, limits: StepLimits) -> StepOutcome:
         """Everything a warm pool takes off the request path, on it: jail, cgroup, executor."""
         assert self.root is not None
         self._cold_seq += 1
@@ -409,8 +411,7 @@ class PythonRunner:
             cg.set_cpu(self.cfg.cpu_cores)
             await jail.start()
             self.stats["jail_starts"] += 1
-            # A cold jail's template would start after its one step: that step imports for itself.
-            del flavor
+            # No template: it would start after the jail's one step, which imports for itself.
             return await self._run_in(jail, cg, await self._spawn(jail), header, body, limits)
         finally:
             await jail.stop()
@@ -681,15 +682,15 @@ class PythonRunner:
         sess = self.sessions.get(session_id)
         if sess is None:
             raise UnknownSession(f"no Python session {session_id} on worker {self.name}")
+        if action.env is not None and action.env != sess.env:
+            raise BadRequest(
+                f"action.env: session {session_id} runs in environment {sess.env!r}; its grader runs there too"
+            )
         async with sess.lock:
             if not sess.executor.alive():
                 await self._drop_session(sess)
                 raise SessionLost(f"session {session_id}: its sandbox is gone")
             snap = await asyncio.to_thread(read_workdir, sess.executor.host_pid, MAX_FILES, self.cfg.max_files_bytes)
-        if action.env is not None and action.env != sess.env:
-            raise BadRequest(
-                f"action.env: session {session_id} runs in environment {sess.env!r}; its grader runs there too"
-            )
         given = dict(zip(action.files, (data for _, data in action.file_bytes()), strict=True))
         files = {**snap.files, **given}
         if sum(len(v) for v in files.values()) > self.cfg.max_files_bytes:

@@ -41,6 +41,20 @@ def decode_prefix(prefix: bytes) -> tuple[int, int]:
     return head_len, body_len
 
 
+def pop_header(buf: bytearray) -> dict[str, Any] | None:
+    """The header of the first whole frame in ``buf``, taken off it with its body (control frames carry
+    none); None while the frame is still incomplete."""
+    if len(buf) < PREFIX.size:
+        return None
+    head_len, body_len = decode_prefix(bytes(buf[: PREFIX.size]))
+    total = PREFIX.size + head_len + body_len
+    if len(buf) < total:
+        return None
+    header = json.loads(bytes(buf[PREFIX.size : PREFIX.size + head_len]))
+    del buf[:total]
+    return dict(header)
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:

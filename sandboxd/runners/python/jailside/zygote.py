@@ -333,13 +333,7 @@ def template_main(chan: socket.socket, env: int, mode: str, tmpfs_bytes: int, fi
             continue
         if wake_r in ready:
             os.read(wake_r, 512)
-        while True:
-            try:
-                pid, status, ru = os.wait4(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        for pid, status, ru in _reaped():
             chan.sendall(wire.encode({**_exit_report(status, ru), "pid": pid}))
         if chan.fileno() not in ready:
             continue
@@ -367,13 +361,8 @@ def _template_frames(t: _Template) -> list[dict[str, Any]]:
         raise EOFError
     t.buf += data
     frames = []
-    while len(t.buf) >= wire.PREFIX.size:
-        head_len, body_len = wire.decode_prefix(bytes(t.buf[: wire.PREFIX.size]))
-        total = wire.PREFIX.size + head_len + body_len
-        if len(t.buf) < total:
-            break
-        frames.append(json.loads(bytes(t.buf[wire.PREFIX.size : wire.PREFIX.size + head_len])))
-        del t.buf[:total]
+    while (frame := wire.pop_header(t.buf)) is not None:
+        frames.append(frame)
     return frames
 
 
