@@ -105,6 +105,10 @@ def node(tmp_path_factory: pytest.TempPathFactory, listener: Listener) -> Iterat
         "<title>eat</title><script>const a = []; setInterval(() => { for (let i = 0; i < 50; i++) "
         "a.push(new Array(1 << 20).fill(Math.random())); }, 1);</script>"
     )
+    (site / "buffers.html").write_text(  # memory outside the JavaScript heap: the cgroup's OOM killer's
+        "<title>buffers</title><script>const a = []; setInterval(() => { for (let i = 0; i < 20; i++) "
+        "{ const b = new Uint8Array(8 << 20); b.fill(1); a.push(b); } }, 1);</script>"
+    )
     (site / "popups.html").write_text(
         "<title>popups</title><script>for (let i = 0; i < 40; i++) window.open('/probe.html');</script>"
     )
@@ -269,11 +273,16 @@ async def test_runaway_pages_cost_only_themselves(http: httpx.AsyncClient) -> No
             [{"action": "goto", "path": "/eat.html", "site": "hostile"}, {"action": "wait_for", "ms": 20000}],
             timeout_s=30,
         )
+        buffers = browse(
+            http,
+            [{"action": "goto", "path": "/buffers.html", "site": "hostile"}, {"action": "wait_for", "ms": 10000}],
+            timeout_s=30,
+        )
         popups = browse(
             http,
             [{"action": "goto", "path": "/popups.html", "site": "hostile"}, {"action": "wait_for", "ms": 1000}],
         )
-        for r in await asyncio.gather(spin, eat, popups):
+        for r in await asyncio.gather(spin, eat, buffers, popups):
             assert r["http"] == 200 and (r["error"] is None or r["error"]["blame"] == "program"), r
         assert "monitor go 7" in values(await browse(http, CART, calm))[1]  # the session next door is unharmed
         health = (await http.get("/readyz")).json()
@@ -309,8 +318,30 @@ async def test_the_browser_yields_the_cpu_to_lighter_work(http: httpx.AsyncClien
         assert int((g / "cpu.shares").read_text()) == 256, g
 
 
+async def test_pages_are_the_oom_killers_first_choice(http: httpx.AsyncClient) -> None:
+    """At the browser's memory cap the kernel kills the process with the most points: renderers (and the
+    zygotes they are forked from) carry +500, the browser itself 0, so a page that fills the cgroup ends
+    alone. (A CI run lost the whole browser, and every session in it, to one runaway page.)"""
+    assert (await browse(http, ADD))["ok"]
+    ready = (await http.get("/readyz")).json()
+    groups = list(Path("/sys/fs/cgroup/memory").glob(f"**/{ready['node_id']}-{ready['pid']}-w*-browser/chromium"))
+    if not groups:
+        pytest.skip("cgroup v1 memory controller is what this reads")
+    scores: dict[str, set[int]] = {}
+    for pid in (groups[0] / "cgroup.procs").read_text().split():
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split()
+            adj = int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+        except OSError:
+            continue
+        kind = next((a.removeprefix("--type=") for a in args if a.startswith("--type=")), "browser")
+        scores.setdefault(kind, set()).add(adj)
+    assert scores.get("renderer") == {500} and scores.get("zygote") == {500}, scores
+    assert scores.get("browser") == {0} and scores.get("gpu-process", {0}) == {0}, scores
+
+
 async def test_a_browser_that_dies_is_replaced_and_its_sessions_are_lost(http: httpx.AsyncClient) -> None:
-    sid = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
+    sid = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]  # no browser died before
     assert (await browse(http, ADD, sid))["ok"]
     ready = (await http.get("/readyz")).json()
     marker = f"sandboxd-{ready['pid']}-"

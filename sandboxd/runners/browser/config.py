@@ -52,6 +52,13 @@ class BrowserRunnerConfig(RunnerConfig):
         "is refused (422) rather than copied slowly into every copy.",
     )
     memory_mb: int = Field(2048, ge=256, description="Memory cap (cgroup) of one browser's whole process tree.")
+    page_heap_mb: int = Field(
+        512,
+        ge=64,
+        description="JavaScript heap cap of one page's renderer (V8's old space): a page that grows past it "
+        "crashes alone, as V8's own out-of-memory, long before the browser's cgroup is full. Memory outside the "
+        "JavaScript heap (buffers, canvases) is left to the cgroup, which takes a renderer first (see jail.py).",
+    )
     pids_max: int = Field(512, ge=32, description="Process/thread cap (cgroup pids) of one browser.")
     cpu_cores: float = Field(
         2.0, gt=0, le=64, description="CPU quota (cgroup cpu) of one browser, in cores (a browser per 2 vCPUs)."

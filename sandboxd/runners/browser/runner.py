@@ -67,6 +67,7 @@ CLICK_COUNTER = """(() => {
 })();"""
 READ_CLICKS = "window.__sandboxdClicks || null"
 CONTEXT_RESERVE_MB = 96  # what a session's context and renderer take in the browser's group, measured ~60-90 MiB
+RENDERER_OOM_SCORE_ADJ = 500  # pages before the browser: +50% of the cgroup's size in the OOM killer's points
 MEMORY_ADMIT_FRACTION = 0.9  # new sessions must leave this much of the browser's cap unused
 # What a page can write and read back: cleared between trajectories. Not "all": that also drops the
 # shader and code caches, which hold nothing of a page's and cost the next trajectory ~0.3 s of CPU.
@@ -90,6 +91,33 @@ CHROMIUM_ARGS = [
     # Site names go to the runner's server on the jail's loopback; every other name resolves to nothing.
     f"--host-resolver-rules={RESOLVER_RULES}",
 ]
+
+
+def chromium_args(cfg: BrowserRunnerConfig) -> list[str]:
+    """The switches of one browser. A page's JavaScript heap is capped well below the browser's cgroup, so
+    the usual runaway page ends as its own renderer's V8 out-of-memory; half the cgroup at most, whatever
+    the setting, so one page can never be the cgroup's whole content."""
+    heap_mb = min(cfg.page_heap_mb, cfg.memory_mb // 2)
+    return [*CHROMIUM_ARGS, f"--js-flags=--max-old-space-size={heap_mb}"]
+
+
+def renderers_first_for_oom(procs_files: list[Path]) -> int:
+    """Make the pages the OOM killer's first choice in the browser's cgroup: its zygotes (every renderer is
+    forked from one and inherits the value) and the renderers already running get ``RENDERER_OOM_SCORE_ADJ``,
+    the browser, GPU and utility processes keep 0. At the cap the kernel then kills the page that filled it,
+    not the browser and every session in it. Raising a score needs no privilege (lowering would need
+    CAP_SYS_RESOURCE, which pods and this worker do not have). Returns how many processes were raised."""
+    raised = 0
+    for pid in {int(x) for f in procs_files for x in f.read_text().split()}:
+        try:
+            # Chromium rewrites its children's titles: their arguments are one space-separated string.
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
+            if b"--type=renderer" in args or b"--type=zygote" in args:
+                Path(f"/proc/{pid}/oom_score_adj").write_text(str(RENDERER_OOM_SCORE_ADJ))
+                raised += 1
+        except OSError:  # gone meanwhile
+            continue
+    return raised
 
 
 @dataclass
@@ -165,7 +193,7 @@ class BrowserRunner:
                 executable_path=str(self.launcher),
                 headless=True,
                 chromium_sandbox=False,  # the jail is the sandbox; Chromium's own needs user namespaces inside it
-                args=CHROMIUM_ARGS,
+                args=chromium_args(self.cfg),
                 timeout=LAUNCH_TIMEOUT_MS,
             )
         except PlaywrightError as exc:
@@ -178,6 +206,8 @@ class BrowserRunner:
             raise SandboxSetupError(f"browser {self.name}: cannot serve its sites in its jail: {exc}") from exc
         self.browser = browser
         self.stats["launches"] += 1
+        if self.cgroup is not None:
+            self.stats["oom_preferred"] = renderers_first_for_oom(self.cgroup.procs_files)
         browser.on("disconnected", lambda b: self._on_disconnected(b))
         for _ in range(self.cfg.warm_contexts):
             self._spawn(self._refill())
