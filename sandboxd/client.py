@@ -11,6 +11,13 @@ A GRPO group from one prepared state (prepare once, fork G, step, score, close):
     async with await c.group("tools", 8, setup=[{"tool": "get_user", "args": {...}}]) as g:
         results = await g.step([{"tool": "cancel_order", "args": {...}}] * 8)
 
+A trainer's run, labelled, renewed while the trainer lives, closed when it ends::
+
+    async with c.keepalive(run_id="grpo-17", idle_timeout_s=60):
+        s = await c.create_session("python", labels={"run_id": "grpo-17"}, idle_timeout_s=60)
+        ...
+    await c.close_all(run_id="grpo-17")   # if the trainer dies instead, they end 60 s after its last renewal
+
 Several nodes (or one Service URL in front of them)::
 
     SandboxClient(["http://node-0:8080", "http://node-1:8080"], api_key=KEY)
@@ -145,6 +152,54 @@ class SandboxClient:
             raise StepFailed(r.json())
         data: dict[str, Any] = r.json()
         return data
+
+    async def _selection(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        _, r = await self._request(method, path, **kw)
+        if r.status_code != 200:
+            raise StepFailed(r.json())
+        data: dict[str, Any] = r.json()
+        return data
+
+    async def list_sessions(self, **labels: str) -> list[dict[str, Any]]:
+        """The caller's live sessions carrying all of ``labels``, on every node of the cluster."""
+        params = [("label", f"{k}:{v}") for k, v in labels.items()]
+        return list((await self._selection("GET", "/sessions", params=params))["sessions"])
+
+    async def close_all(self, **labels: str) -> int:
+        """Close every session of the caller's carrying all of ``labels`` (e.g. ``run_id=...``); how many."""
+        return int((await self._selection("POST", "/sessions/close", json={"labels": labels}))["count"])
+
+    async def renew(self, idle_timeout_s: float | None = None, **labels: str) -> int:
+        """Restart the idle timers of every session carrying ``labels``; how many were renewed."""
+        body: dict[str, Any] = {"labels": labels}
+        if idle_timeout_s:
+            body["idle_timeout_s"] = idle_timeout_s
+        return int((await self._selection("POST", "/sessions/keepalive", json=body))["count"])
+
+    @contextlib.asynccontextmanager
+    async def keepalive(self, idle_timeout_s: float, **labels: str) -> AsyncIterator[None]:
+        """Renew the sessions carrying ``labels`` every third of ``idle_timeout_s`` while the block runs (create
+        them with the same ``idle_timeout_s``). A renewal that fails is retried at the next tick: a trainer
+        that dies stops renewing, and its sessions end one idle timeout after the last renewal."""
+
+        async def renewing() -> None:
+            while True:
+                await asyncio.sleep(idle_timeout_s / 3)
+                with contextlib.suppress(httpx.HTTPError, StepFailed, NoNodeReachable):
+                    await self.renew(idle_timeout_s, **labels)
+
+        task = asyncio.create_task(renewing())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def session_status(self, session_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Each id's state: live (with ``session``), lost, ended or unknown; up to 10,000 ids per call."""
+        doc = await self._selection("POST", "/sessions/status", json={"session_ids": list(session_ids)})
+        return dict(doc["sessions"])
 
     async def group(
         self,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sandboxd.errors import SandboxdError, from_dict
 
@@ -96,6 +97,27 @@ class BatchResult(BaseModel):
     results: list[StepResult]
 
 
+LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./-]{0,62}")
+MAX_LABELS = 16
+MAX_LABEL_VALUE = 256
+
+
+def _checked_labels(labels: dict[str, str]) -> dict[str, str]:
+    """Labels select sessions by run (``run_id``), job or trainer: few, short, printable, so selecting thousands
+    of sessions stays a scan of small dicts and a label never carries a payload."""
+    if len(labels) > MAX_LABELS:
+        raise ValueError(f"at most {MAX_LABELS} labels, got {len(labels)}")
+    for key, value in labels.items():
+        if not LABEL_KEY.fullmatch(key):
+            raise ValueError(f"label name {key[:80]!r}: 1-63 of A-Z a-z 0-9 _ . / -, starting with a letter or digit")
+        if len(value) > MAX_LABEL_VALUE or not value.isprintable():
+            raise ValueError(f"label {key!r}: its value must be printable and at most {MAX_LABEL_VALUE} characters")
+    return labels
+
+
+Labels = Annotated[dict[str, str], AfterValidator(_checked_labels)]
+
+
 class SessionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -105,6 +127,11 @@ class SessionCreate(BaseModel):
         None, gt=0, description="Closed after this long without a step (at most the node's)."
     )
     options: dict[str, Any] = Field(default_factory=dict, description="Runner-specific session options.")
+    labels: Labels = Field(
+        default_factory=dict,
+        description='Names to select the session by later (e.g. {"run_id": "grpo-17"}): list, renew and close '
+        "every session of a run in one call. Forked copies keep their source's labels.",
+    )
     idempotency_key: str | None = Field(None, min_length=1, max_length=256)
 
 
@@ -117,6 +144,55 @@ class SessionInfo(BaseModel):
     expires_in_s: float
     idle_expires_in_s: float
     steps: int
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class SessionSelect(BaseModel):
+    """Sessions of the caller's tenant that carry all these labels (on every node of a cluster)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    labels: Labels = Field(..., min_length=1, description="Every one must match (at least one label).")
+
+
+class SessionKeepalive(SessionSelect):
+    idle_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Also set the sessions' idle timeout (at most the node's). A trainer renews every third of "
+        "it; when it dies, its sessions end one idle timeout after its last renewal.",
+    )
+
+
+class SessionsSelected(BaseModel):
+    """How many sessions a call closed or renewed, and the nodes that could not be asked (their sessions were
+    not touched: call again)."""
+
+    count: int
+    unreached: list[str] = Field(default_factory=list)
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionInfo]
+    unreached: list[str] = Field(default_factory=list)
+
+
+class SessionStatusRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session_ids: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(..., min_length=1, max_length=10_000)
+
+
+class SessionState(BaseModel):
+    state: Literal["live", "lost", "ended", "unknown"] = Field(
+        ..., description="live; lost (its sandbox died: 410 to steps); ended (closed, expired); unknown (never ours)."
+    )
+    why: str | None = Field(None, description="Why it is lost or ended, when known.")
+    session: SessionInfo | None = None
+
+
+class SessionStatuses(BaseModel):
+    sessions: dict[str, SessionState]
 
 
 class SessionFork(BaseModel):

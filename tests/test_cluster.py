@@ -191,6 +191,33 @@ async def test_fork_through_another_node(nodes: list[NodeProcess]) -> None:
             assert (await c2.delete(f"/sessions/{x}")).status_code == 204
 
 
+async def test_a_run_is_listed_and_closed_across_nodes(nodes: list[NodeProcess]) -> None:
+    """Labels select a run's sessions wherever they live: any node asks the others once (a forwarded call is
+    not passed on), status of many ids goes to each owner once, another tenant's are never touched."""
+    await until_peers(nodes, 3)
+    run = {"run_id": "cluster-run"}
+    sids = []
+    for n in nodes[:2]:
+        async with client(n) as c:
+            for _ in range(2):
+                r = await c.post("/sessions", json={"runner": "textgame", "labels": run})
+                assert r.status_code == 201, r.text
+                sids.append(r.json()["session_id"])
+    async with client(nodes[0], KEY_B) as other:
+        theirs = (await other.post("/sessions", json={"runner": "textgame", "labels": run})).json()["session_id"]
+    async with client(nodes[2]) as c:
+        listed = (await c.get("/sessions", params={"label": "run_id:cluster-run"})).json()
+        assert {s["session_id"] for s in listed["sessions"]} == set(sids) and listed["unreached"] == [], listed
+        states = (await c.post("/sessions/status", json={"session_ids": [*sids, theirs]})).json()["sessions"]
+        assert [states[s]["state"] for s in sids] == ["live"] * 4 and states[theirs]["state"] == "unknown"
+        closed = (await c.post("/sessions/close", json={"labels": run})).json()
+        assert closed == {"count": 4, "unreached": []}, closed
+        assert (await c.get("/sessions", params={"label": "run_id:cluster-run"})).json()["sessions"] == []
+    async with client(nodes[0], KEY_B) as other:
+        assert (await other.get(f"/sessions/{theirs}")).status_code == 200
+        await other.delete(f"/sessions/{theirs}")
+
+
 async def test_redis_down_one_shots_run_sessions_503_then_recover(
     nodes: list[NodeProcess], redis_server: LocalRedis
 ) -> None:

@@ -8,11 +8,13 @@ written as a string would not resolve.
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
+from pydantic import ValidationError
 from starlette.responses import Response
 
 from sandboxd.api.auth import Auth
 from sandboxd.api.surface import json_response, native_error, retry_headers, surface_router
+from sandboxd.errors import BadRequest
 from sandboxd.front.gateway import Gateway
 from sandboxd.models import (
     BatchRequest,
@@ -21,10 +23,17 @@ from sandboxd.models import (
     SessionCreate,
     SessionFork,
     SessionInfo,
+    SessionKeepalive,
+    SessionList,
+    SessionSelect,
+    SessionsSelected,
+    SessionStatuses,
+    SessionStatusRequest,
     StepRequest,
     StepResult,
     error_responses,
 )
+from sandboxd.runners.base import validation_message
 
 # Every route can answer these: auth, body limits, validation, and our own bugs.
 COMMON = (401, 408, 413, 422, 500)
@@ -86,6 +95,43 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         ``notes`` says what could not be copied. 422 for kinds whose sessions cannot be forked, saying why."""
         result = await gateway.fork_session(session_id, req, tenant)
         return json_response(result.model_dump(), 201)
+
+    @api.get("/sessions", response_model=SessionList, responses=error_responses(*COMMON), tags=["sessions"])
+    async def list_sessions(
+        tenant: Tenant,
+        label: Annotated[list[str], Query(description="name:value; repeat it: every one must match")],
+    ) -> Response:
+        """The caller's live sessions carrying every ``label`` (``?label=run_id:grpo-17``), on every node of a
+        cluster; ``unreached`` names nodes that could not be asked."""
+        pairs = [x.partition(":") for x in label]
+        if any(not sep for _, sep, _ in pairs):
+            raise BadRequest("label: give each as name:value, e.g. ?label=run_id:grpo-17")
+        try:
+            select = SessionSelect(labels={k: v for k, _, v in pairs})
+        except ValidationError as exc:
+            raise BadRequest(validation_message(exc, "query")) from None
+        return json_response(await gateway.select_sessions(tenant, select.labels, "list"))
+
+    @api.post("/sessions/close", response_model=SessionsSelected, responses=error_responses(*COMMON), tags=["sessions"])
+    async def close_sessions(req: SessionSelect, tenant: Tenant) -> Response:
+        """Close every session of the caller's carrying all of ``labels`` (a trainer's run, when it ends or
+        restarts), on every node; ``count`` says how many."""
+        return json_response(await gateway.select_sessions(tenant, req.labels, "close"))
+
+    @api.post(
+        "/sessions/keepalive", response_model=SessionsSelected, responses=error_responses(*COMMON), tags=["sessions"]
+    )
+    async def keepalive_sessions(req: SessionKeepalive, tenant: Tenant) -> Response:
+        """Restart the idle timers of every session carrying ``labels`` (and set a new idle timeout): a trainer
+        renews its run this way while it lives, so a trainer that dies leaves nothing behind for longer than
+        one idle timeout."""
+        return json_response(await gateway.select_sessions(tenant, req.labels, "renew", req.idle_timeout_s))
+
+    @api.post("/sessions/status", response_model=SessionStatuses, responses=error_responses(*COMMON), tags=["sessions"])
+    async def sessions_status(req: SessionStatusRequest, tenant: Tenant) -> Response:
+        """The state of up to 10,000 sessions in one call: live (with its description), lost, ended or unknown
+        (another tenant's sessions are unknown)."""
+        return json_response(await gateway.session_states(tenant, req.session_ids))
 
     @api.delete("/sessions/{session_id}", status_code=204, responses=error_responses(*COMMON, 404), tags=["sessions"])
     async def delete_session(session_id: str, tenant: Tenant) -> Response:

@@ -431,6 +431,7 @@ class Gateway:
             "options": req.options,
             "ttl_s": req.ttl_s,
             "idle_timeout_s": req.idle_timeout_s,
+            "labels": req.labels,
         }
         _, info = await self.links.node.call("create", fields)
         return Stored(201, info)
@@ -505,6 +506,99 @@ class Gateway:
         _, raw = await self.links.node.call("fork", fields)
         return ForkResult.model_validate_json(raw)
 
+    # ------------------------------------------------------------------ many sessions at once
+
+    async def select_sessions(
+        self, tenant: str, labels: dict[str, str], what: str, idle_s: float | None = None
+    ) -> dict[str, Any]:
+        """List (``sessions``), renew or close (``count``) the tenant's sessions carrying ``labels``, on every
+        worker of this node and, in a cluster, every other node (asked once: a forwarded call is not passed
+        on). Nodes that could not be asked are named in ``unreached``; their sessions were not touched."""
+        fields = {"tenant": tenant, "labels": labels, "what": what, "idle_s": idle_s}
+        live = [w.channel for w in self.links.workers if w.channel is not None and w.channel.alive]
+        answers = await asyncio.gather(*(ch.call("select", fields) for ch in live), return_exceptions=True)
+        sessions: list[Any] = []
+        count = 0
+        unreached: list[str] = []
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, SandboxdError | LinkClosed):
+                    raise answer
+                unreached.append(self.node_id)  # a worker died meanwhile: its sessions went with it
+                continue
+            sessions.extend(answer[0].get("sessions") or [])
+            count += int(answer[0].get("count") or 0)
+        if self.cluster is not None and CALLER.get().forwarded_by is None:
+            peers = [p for node, p in self.cluster.registry.peers.items() if node != self.node_id]
+            method, path, body = _selection_request(labels, what, idle_s)
+            replies = await asyncio.gather(
+                *(self.cluster.forwarder.send(p, method, path, body, FORWARD_TIMEOUT_S) for p in peers),
+                return_exceptions=True,
+            )
+            for peer, reply in zip(peers, replies, strict=True):
+                if isinstance(reply, BaseException) or reply[0] != 200:
+                    if isinstance(reply, BaseException) and not isinstance(reply, Exception):
+                        raise reply
+                    unreached.append(peer.node_id)
+                    continue
+                doc = orjson.loads(reply[1])
+                sessions.extend(doc.get("sessions") or [])
+                count += int(doc.get("count") or 0)
+                unreached.extend(doc.get("unreached") or [])
+        out: dict[str, Any] = {"sessions": sessions} if what == "list" else {"count": count}
+        out["unreached"] = sorted(set(unreached))
+        return out
+
+    async def session_states(self, tenant: str, session_ids: list[str]) -> dict[str, Any]:
+        """Each id's state (live, lost, ended, unknown), asking each worker once for its ids and, in a cluster,
+        each other owner once for its own."""
+        states: dict[str, Any] = {}
+        by_worker: dict[int, list[str]] = {}
+        by_owner: dict[str, list[str]] = {}
+        for sid in dict.fromkeys(session_ids):
+            owner = owner_of(sid)
+            if owner != self.node_id:
+                if owner is not None and self.cluster is not None and CALLER.get().forwarded_by is None:
+                    by_owner.setdefault(owner, []).append(sid)
+                else:
+                    states[sid] = {"state": "unknown"}
+                continue
+            try:
+                self._session_worker(sid)
+            except SessionLost as exc:
+                states[sid] = {"state": "lost", "why": exc.message}
+                continue
+            except UnknownSession:
+                states[sid] = {"state": "unknown"}
+                continue
+            place = worker_of(sid)
+            assert place is not None
+            by_worker.setdefault(place[0], []).append(sid)
+
+        async def ask_worker(index: int, ids: list[str]) -> None:
+            ch = self.links.workers[index].channel
+            try:
+                assert ch is not None
+                _, raw = await ch.call("status", {"tenant": tenant, "session_ids": ids})
+                states.update(orjson.loads(raw))
+            except (LinkClosed, SandboxdError, AssertionError):
+                states.update({sid: {"state": "lost", "why": f"worker {index} died"} for sid in ids})
+
+        async def ask_owner(ids: list[str]) -> None:
+            try:
+                body = orjson.dumps({"session_ids": ids})
+                status, data = await self._forward(ids[0], tenant, "status", "POST", "/sessions/status", body)
+                raise_for(status, data)
+                states.update(orjson.loads(data)["sessions"])
+            except SandboxdError as exc:  # the owner is gone (410: its sessions with it) or did not answer
+                lost = exc.status == 410
+                states.update({sid: {"state": "lost" if lost else "unknown", "why": exc.message} for sid in ids})
+
+        await asyncio.gather(
+            *(ask_worker(i, ids) for i, ids in by_worker.items()), *(ask_owner(ids) for ids in by_owner.values())
+        )
+        return {"sessions": states}
+
     # ------------------------------------------------------------------ node
 
     async def ready(self) -> tuple[bool, dict[str, Any]]:
@@ -532,6 +626,19 @@ class Gateway:
         _, raw = await self.links.node.call("status")
         status: dict[str, Any] = orjson.loads(raw)
         return status
+
+
+def _selection_request(labels: dict[str, str], what: str, idle_s: float | None) -> tuple[str, str, bytes]:
+    """The same selection as another node's HTTP request (what it answers for its own sessions)."""
+    if what == "list":
+        query = "&".join(f"label={quote(f'{k}:{v}', safe='')}" for k, v in labels.items())
+        return "GET", f"/sessions?{query}", b""
+    if what == "renew":
+        body: dict[str, Any] = {"labels": labels}
+        if idle_s:
+            body["idle_timeout_s"] = idle_s
+        return "POST", "/sessions/keepalive", orjson.dumps(body)
+    return "POST", "/sessions/close", orjson.dumps({"labels": labels})
 
 
 def _retry_of(status: int, data: bytes) -> float | None:

@@ -272,7 +272,13 @@ class NodeCore:
         sid = new_session_id(self.node_id, w.index, w.incarnation)
         assert w.link is not None
         with self.ledger.opening(tenant, runner, w.index, 1):
-            fields = {"session_id": sid, "runner": runner, "tenant": tenant, "options": options}
+            fields = {
+                "session_id": sid,
+                "runner": runner,
+                "tenant": tenant,
+                "options": options,
+                "labels": h.get("labels") or {},
+            }
             try:
                 _, info = await w.link.call("open", {**fields, "ttl_s": ttl, "idle_s": idle})
             except Saturated:  # a worker's session cap

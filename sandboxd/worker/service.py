@@ -136,6 +136,10 @@ class Worker:
             return {}, orjson.dumps(await self.open_session(h))
         if op == "fork":
             return {}, orjson.dumps(await self.fork_session(h))
+        if op == "select":
+            return await self.select_sessions(h), b""
+        if op == "status":
+            return {}, orjson.dumps({sid: self.sessions.state(sid, h["tenant"]) for sid in h["session_ids"]})
         if op == "hello":
             ch.peer = {"role": h.get("role"), "index": h.get("index")}
             if h.get("role") == "node":
@@ -304,7 +308,9 @@ class Worker:
         if run is None:
             raise InfraError(f"worker {self.index} does not host runner {runner!r}")
         await run.open_session(sid, h.get("options") or {})
-        rec = SessionRecord(sid, runner, h["tenant"], self.settings.node_id, self.index, h["ttl_s"], h["idle_s"])
+        rec = SessionRecord(
+            sid, runner, h["tenant"], self.settings.node_id, self.index, h["ttl_s"], h["idle_s"], h.get("labels") or {}
+        )
         self.sessions.add(rec)
         self.metrics.sessions.labels(runner).set(self.sessions.count(runner))
         return rec.describe()
@@ -329,7 +335,16 @@ class Worker:
             rec.forking -= 1
         rec.last_used = time.monotonic()
         copies = [
-            SessionRecord(sid, rec.runner, rec.tenant, self.settings.node_id, self.index, h["ttl_s"], h["idle_s"])
+            SessionRecord(
+                sid,
+                rec.runner,
+                rec.tenant,
+                self.settings.node_id,
+                self.index,
+                h["ttl_s"],
+                h["idle_s"],
+                dict(rec.labels),
+            )
             for sid in h["new_ids"]
         ]
         for copy in copies:
@@ -337,6 +352,28 @@ class Worker:
         self.metrics.sessions.labels(rec.runner).set(self.sessions.count(rec.runner))
         self.metrics.forks.labels(rec.runner).inc()
         return {"sessions": [c.describe() for c in copies], "notes": notes}
+
+    async def select_sessions(self, h: Header) -> Header:
+        """List, renew or close the tenant's sessions that carry ``labels``: a trainer's whole run in one call.
+        Renewing restarts their idle timers (and sets a new idle timeout, at most the node's): a trainer that
+        stops renewing, because it died, leaves sessions that end one idle timeout later."""
+        chosen = self.sessions.select(h["tenant"], h["labels"])
+        what = h["what"]
+        if what == "list":
+            return {"sessions": [r.describe() for r in chosen]}
+        if what == "renew":
+            now = time.monotonic()
+            idle_s = h.get("idle_s")
+            for rec in chosen:
+                rec.last_used = now
+                if idle_s:
+                    rec.idle_s = min(float(idle_s), self.settings.session_idle_s)
+            return {"count": len(chosen)}
+        if what == "close":
+            why = f"closed by label ({', '.join(f'{k}={v}' for k, v in h['labels'].items())})"[:300]
+            await asyncio.gather(*(self._forget(rec, why) for rec in chosen))
+            return {"count": len(chosen)}
+        raise InfraError(f"unknown session selection {what!r}")
 
     async def close_session(self, session_id: str, tenant: str, why: str) -> None:
         """Close a session; a lost one is forgotten too. Unknown ids (and other tenants' sessions) are a 404."""

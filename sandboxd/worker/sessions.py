@@ -25,6 +25,7 @@ class SessionRecord:
     worker: int
     ttl_s: float
     idle_s: float
+    labels: dict[str, str] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
     created_mono: float = field(default_factory=time.monotonic)
@@ -52,7 +53,11 @@ class SessionRecord:
             "expires_in_s": round(max(0.0, self.ttl_s - (now - self.created_mono)), 3),
             "idle_expires_in_s": round(max(0.0, self.idle_s - (now - self.last_used)), 3),
             "steps": self.steps,
+            "labels": self.labels,
         }
+
+    def has(self, labels: dict[str, str]) -> bool:
+        return all(self.labels.get(k) == v for k, v in labels.items())
 
 
 class SessionTable:
@@ -122,6 +127,22 @@ class SessionTable:
             elif rec.lost and now - rec.last_used > LOST_SESSION_KEPT_S:
                 out.append((rec, "lost"))
         return out
+
+    def select(self, tenant: str, labels: dict[str, str]) -> list[SessionRecord]:
+        """The tenant's live sessions carrying every one of ``labels`` (lost ones are not: they hold nothing)."""
+        return [r for r in self.live.values() if r.tenant == tenant and r.lost is None and r.has(labels)]
+
+    def state(self, session_id: str, tenant: str) -> dict[str, object]:
+        """What ``POST /sessions/status`` says of one id: another tenant's session is unknown, as everywhere."""
+        rec = self.live.get(session_id)
+        if rec is not None and rec.tenant == tenant:
+            if rec.lost:
+                return {"state": "lost", "why": rec.lost}
+            return {"state": "live", "session": rec.describe()}
+        owner, why, lost = self.closed.get(session_id, ("", "", False))
+        if owner == tenant:
+            return {"state": "lost" if lost else "ended", "why": why}
+        return {"state": "unknown"}
 
     def count(self, runner: str | None = None) -> int:
         return sum(1 for r in self.live.values() if r.lost is None and (runner is None or r.runner == runner))
