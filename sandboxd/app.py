@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from sandboxd import __version__
-from sandboxd.api import fusion, native, openenv, ops
+from sandboxd.api import e2b, fusion, native, openenv, ops
 from sandboxd.api.auth import Auth
 from sandboxd.api.limits import BodyLimit
 from sandboxd.api.mcp_server import McpSurface
@@ -64,6 +64,7 @@ def create_app(settings: NodeSettings | None = None, index: int = 0) -> FastAPI:
     app.include_router(native.router(gateway, auth))
     app.include_router(fusion.router(gateway, auth))
     app.include_router(openenv.router(gateway, auth))
+    app.include_router(e2b.router(gateway, auth))
     app.router.routes.extend(mcp.routes)
     app.include_router(ops.router(gateway, auth, protected=settings.auth_ops))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)

@@ -147,6 +147,17 @@ class SessionInfo(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
+class SessionTimeout(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = Field(
+        ...,
+        gt=0,
+        le=7 * 86400,
+        description="The session ends this long from now (within the node's session_ttl_s counted from its creation).",
+    )
+
+
 class SessionSelect(BaseModel):
     """Sessions of the caller's tenant that carry all these labels (on every node of a cluster)."""
 

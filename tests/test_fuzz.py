@@ -35,6 +35,7 @@ OPERATIONS = [
     "POST /sessions/close",
     "POST /sessions/keepalive",
     "POST /sessions/status",
+    "POST /sessions/{session_id}/timeout",
     "GET /runners",
     "GET /runners/{kind}",
     "GET /healthz",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 
 from starlette.requests import HTTPConnection
 
@@ -44,9 +45,16 @@ def _key(header: str) -> str:
     return ""
 
 
+E2B_TOKEN_CONTEXT = b"sandboxd e2b access token\0"  # what a key is hashed with to sign its sandboxes' tokens
+
+
 class Auth:
     def __init__(self, settings: NodeSettings) -> None:
-        self.tenants = {hashlib.sha256(k.encode()).digest(): tenant_of_key(k) for k in settings.all_api_keys()}
+        keys = settings.all_api_keys()
+        self.tenants = {hashlib.sha256(k.encode()).digest(): tenant_of_key(k) for k in keys}
+        # Per tenant, the secret its E2B sandboxes' access tokens are signed with: derived from its key, so every
+        # front process and every node of a cluster (they share the keys) checks a token without shared state.
+        self.signing = {tenant_of_key(k): hashlib.sha256(E2B_TOKEN_CONTEXT + k.encode()).digest() for k in keys}
 
     @property
     def enabled(self) -> bool:
@@ -73,7 +81,27 @@ class Auth:
         token = _key(authorization)
         if not token:
             raise Unauthorized("this node needs an API key: send 'Authorization: Bearer <key>'")
-        tenant = self.tenants.get(hashlib.sha256(token.encode()).digest())
+        return self.tenant_of_key(token)
+
+    def tenant_of_key(self, key: str) -> str:
+        if not self.tenants:
+            return ANONYMOUS
+        tenant = self.tenants.get(hashlib.sha256(key.encode()).digest())
         if tenant is None:
             raise Unauthorized("unknown API key")
+        return tenant
+
+    def access_token(self, tenant: str, sandbox_id: str) -> str:
+        """An E2B sandbox's ``envdAccessToken``: its tenant and a MAC of its id under the tenant's key. It opens
+        that sandbox's data plane (code, files, processes) and nothing else."""
+        secret = self.signing.get(tenant, b"")
+        return f"{tenant}.{hmac.new(secret, sandbox_id.encode(), hashlib.sha256).hexdigest()}"
+
+    def tenant_of_access_token(self, token: str, sandbox_id: str) -> str:
+        """The tenant of a sandbox's access token, if it is that sandbox's; ``Unauthorized`` otherwise."""
+        if not self.tenants:
+            return ANONYMOUS
+        tenant, _, _ = token.partition(".")
+        if tenant not in self.signing or not hmac.compare_digest(token, self.access_token(tenant, sandbox_id)):
+            raise Unauthorized("the access token is not this sandbox's")
         return tenant

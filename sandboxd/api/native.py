@@ -29,6 +29,7 @@ from sandboxd.models import (
     SessionsSelected,
     SessionStatuses,
     SessionStatusRequest,
+    SessionTimeout,
     StepRequest,
     StepResult,
     error_responses,
@@ -132,6 +133,17 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         """The state of up to 10,000 sessions in one call: live (with its description), lost, ended or unknown
         (another tenant's sessions are unknown)."""
         return json_response(await gateway.session_states(tenant, req.session_ids))
+
+    @api.post(
+        "/sessions/{session_id}/timeout",
+        response_model=SessionInfo,
+        responses=error_responses(*COMMON, 404, 410),
+        tags=["sessions"],
+    )
+    async def session_timeout(session_id: str, req: SessionTimeout, tenant: Tenant) -> Response:
+        """End the session ``timeout_s`` from now, sooner or later than its TTL would (never past the node's
+        ``session_ttl_s`` from its creation); its idle timer restarts. E2B's ``set_timeout``."""
+        return json_response((await gateway.set_timeout(session_id, tenant, req.timeout_s)).model_dump())
 
     @api.delete("/sessions/{session_id}", status_code=204, responses=error_responses(*COMMON, 404), tags=["sessions"])
     async def delete_session(session_id: str, tenant: Tenant) -> Response:

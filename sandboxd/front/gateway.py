@@ -460,6 +460,19 @@ class Gateway:
             raise_for(stored.status, stored.body)
         return SessionInfo.model_validate_json(stored.body)
 
+    async def set_timeout(self, session_id: str, tenant: str, timeout_s: float) -> SessionInfo:
+        """The session ends ``timeout_s`` from now (within the node's TTL from its creation); its description."""
+        if self._remote(session_id):
+            path = f"/sessions/{quote(session_id, safe='')}/timeout"
+            body = orjson.dumps({"timeout_s": timeout_s})
+            status, data = await self._forward(session_id, tenant, "timeout", "POST", path, body)
+            raise_for(status, data)
+            return SessionInfo.model_validate_json(data)
+        channel = self._session_worker(session_id)
+        fields = {"session_id": session_id, "tenant": tenant, "timeout_s": timeout_s}
+        _, out = await channel.call("deadline", fields)
+        return SessionInfo.model_validate_json(out)
+
     async def close_raw(self, session_id: str, tenant: str, why: str = "closed by the client") -> Stored:
         """204, or the error's status and body. A session whose worker is gone is forgotten (204)."""
         try:

@@ -38,6 +38,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from sandboxd.answers import error_body
 from sandboxd.api.auth import Auth
+from sandboxd.api.e2b.paths import is_data_plane
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.config import NodeSettings
 from sandboxd.errors import (
@@ -77,7 +78,22 @@ HOT = {
     (b"POST", b"/rollout/steps"): "steps",
     (b"POST", b"/sessions"): "create",
 }
+E2B_HEADERS = {b"x-api-key", b"x-access-token", b"e2b-traffic-access-token", b"e2b-sandbox-id"}
 JSON_HEADERS = b"content-type: application/json\r\n"
+
+
+def tenant_of(auth: Auth, authorization: str | None, e2b: dict[bytes, str], path: bytes) -> str:
+    """The tenant of a request's credentials: ``Authorization``, else the E2B SDK's (a sandbox's access token, on
+    that sandbox's data plane only; an API key); ``Unauthorized`` otherwise."""
+    if authorization is None:
+        token = e2b.get(b"x-access-token") or e2b.get(b"e2b-traffic-access-token")
+        if token is not None and is_data_plane(path):
+            return auth.tenant_of_access_token(token, e2b.get(b"e2b-sandbox-id", ""))
+        if (key := e2b.get(b"x-api-key")) is not None:
+            return auth.tenant_of_key(key)
+    return auth.tenant_of_header(authorization or "")
+
+
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
@@ -294,6 +310,7 @@ class FrontProtocol(HttpToolsProtocol):
             return
         upgrade = self.parser.should_upgrade() and self._should_upgrade()
         authorization: str | None = None
+        e2b: dict[bytes, str] = {}
         forwarded_by = None
         length = None
         for name, value in self.headers:
@@ -302,6 +319,11 @@ class FrontProtocol(HttpToolsProtocol):
                     self._refuse(ClientError("more than one Authorization header"), path=path)
                     return
                 authorization = value.decode("latin-1")
+            elif name in E2B_HEADERS:  # the E2B SDK's credentials (api/e2b): its key, or a sandbox's token
+                if name in e2b:
+                    self._refuse(ClientError(f"more than one {name.decode()} header"), path=path)
+                    return
+                e2b[name] = value.decode("latin-1")
             elif name == FORWARDED_BY_B:
                 forwarded_by = value.decode("latin-1")
             elif name == b"content-length":
@@ -314,7 +336,7 @@ class FrontProtocol(HttpToolsProtocol):
             # A WebSocket authenticates in its route (its refusal is a close frame there), but one that carries
             # a key counts for its tenant here, from its handshake to its close.
             try:
-                tenant = front.auth.tenant_of_header(authorization or "")
+                tenant = tenant_of(front.auth, authorization, e2b, path)
             except Unauthorized as exc:
                 if not upgrade:
                     self._refuse(exc, path=path)
@@ -518,6 +540,8 @@ def refusal_bytes(exc: SandboxdError, path: bytes) -> bytes:
         body = orjson.dumps(
             {"detail": exc.message, "code": "VALIDATION_ERROR" if exc.blame == "client" else "CAPACITY_REACHED"}
         )
+    elif path.startswith((b"/sandboxes", b"/v2/sandboxes")) or is_data_plane(path):  # the E2B SDK's
+        body = orjson.dumps({"code": code, "message": exc.message})
     elif path.startswith(b"/mcp"):
         body = orjson.dumps(
             {"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": f"{exc.code}: {exc.message}"}}

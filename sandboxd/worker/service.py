@@ -138,6 +138,10 @@ class Worker:
             return {}, orjson.dumps(await self.fork_session(h))
         if op == "select":
             return await self.select_sessions(h), b""
+        if op == "deadline":
+            rec = self.sessions.get(h["session_id"], h["tenant"])
+            rec.ends_in(float(h["timeout_s"]), self.settings.session_ttl_s, self.settings.session_idle_s)
+            return {}, orjson.dumps(rec.describe())
         if op == "status":
             return {}, orjson.dumps({sid: self.sessions.state(sid, h["tenant"]) for sid in h["session_ids"]})
         if op == "hello":

@@ -56,6 +56,14 @@ class SessionRecord:
             "labels": self.labels,
         }
 
+    def ends_in(self, timeout_s: float, max_ttl_s: float, max_idle_s: float) -> None:
+        """End ``timeout_s`` from now (E2B's ``set_timeout``), within the node's TTL counted from creation; its
+        idle timer restarts and stretches towards the same end, within the node's idle timeout."""
+        now = time.monotonic()
+        self.ttl_s = min(now - self.created_mono + timeout_s, max_ttl_s)
+        self.last_used = now
+        self.idle_s = max(self.idle_s, min(timeout_s, max_idle_s))
+
     def has(self, labels: dict[str, str]) -> bool:
         return all(self.labels.get(k) == v for k, v in labels.items())
 

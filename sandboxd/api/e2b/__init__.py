@@ -1,0 +1,373 @@
+"""The E2B SDK's API (``e2b``, ``e2b-code-interpreter``), served by a node: point ``E2B_API_URL`` and
+``E2B_SANDBOX_URL`` at it and the official SDKs run unchanged.
+
+An E2B sandbox is a python session: one jail with its interpreter (the code interpreter's default context)
+and its working directory. Its metadata are the session's labels; its timeout is the session's TTL, moved by
+``set_timeout``; its ``envdAccessToken`` opens its data plane and nothing else (``api/auth.py``). Extra code
+contexts are python sessions of their own, labelled with their sandbox and closed with it.
+
+Control plane (``X-API-Key``: a node key of the form the SDK checks, ``e2b_<hex>``): create, get, list with
+metadata filters, kill, set_timeout, connect. Data plane (``E2b-Sandbox-Id`` with ``X-Access-Token``, or the
+code interpreter's ``E2B-Traffic-Access-Token``, the same token): the code interpreter's ``/execute`` and
+``/contexts``, envd's ``/health``. Not served, refused in the SDK's own error
+shapes: envd's processes and filesystem (``commands``, ``files``: Connect-RPC), pause and resume (a sandbox here
+is a live process, not a snapshot), fork of a sandbox, templates other than the default ones, port URLs.
+
+No ``from __future__ import annotations`` here: FastAPI reads the routes' ``Annotated[..., Depends()]``
+signatures at run time (as in ``native.py``).
+"""
+
+import datetime
+import urllib.parse
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Depends, Header, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
+
+from sandboxd.api.auth import Auth
+from sandboxd.api.e2b.cells import execution_cell, ndjson
+from sandboxd.api.surface import json_response, retry_headers, surface_router
+from sandboxd.cluster.forward import CALLER, Caller
+from sandboxd.errors import BadRequest, SandboxdError, SessionLost, UnknownSession
+from sandboxd.front.gateway import Gateway
+from sandboxd.models import SessionCreate, SessionInfo, StepRequest, _checked_labels
+
+TEMPLATES = ("base", "code-interpreter-v1", "code-interpreter")  # what the SDKs create by default
+ENVD_VERSION = "0.4.0"
+TEMPLATE_LABEL = "sandboxd.e2b/template"
+PARENT_LABEL = "sandboxd.e2b/sandbox"  # an extra code context: the sandbox it belongs to
+OWN_LABELS = (TEMPLATE_LABEL, PARENT_LABEL)
+DEFAULT_TIMEOUT_S = 300  # the SDK's own default
+
+
+class NewSandbox(BaseModel):
+    """``POST /sandboxes`` as the SDK sends it (fields it may add later are ignored, as E2B's API does)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    template_id: str = Field(alias="templateID")
+    timeout: int = Field(DEFAULT_TIMEOUT_S, ge=1)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
+    auto_pause: bool = Field(False, alias="autoPause")
+
+
+class Timeout(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    timeout: int = Field(..., ge=0)
+
+
+class Refresh(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    duration: int = Field(DEFAULT_TIMEOUT_S, ge=0)
+
+
+class Execute(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    code: str
+    context_id: str | None = None
+    language: str | None = None
+    env_vars: dict[str, str] | None = None
+
+
+class NewContext(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    language: str | None = None
+    cwd: str | None = None
+
+
+class NotServed(SandboxdError):
+    """What an E2B sandbox can do elsewhere and not here (yet): said, never faked."""
+
+    status = 501
+    code = "not_served"
+    blame = "client"
+
+
+def e2b_error(exc: SandboxdError) -> Response:
+    """E2B's error shape: ``{"code": <status>, "message": ...}``; a sandbox that is gone is a 404 (control plane)."""
+    status = 404 if isinstance(exc, UnknownSession | SessionLost) else exc.status
+    return json_response({"code": status, "message": exc.message}, status, retry_headers(exc.retry_after_s))
+
+
+def data_error(exc: SandboxdError) -> Response:
+    """On a sandbox's data plane, a sandbox that is gone answers 502, as E2B's proxy does for an ended sandbox
+    (the SDK then says it probably timed out)."""
+    if isinstance(exc, UnknownSession | SessionLost):
+        return Response(f"sandbox is not running: {exc.message}", status_code=502, media_type="text/plain")
+    return e2b_error(exc)
+
+
+def _iso(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _metadata(labels: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if k not in OWN_LABELS}
+
+
+def router(gateway: Gateway, auth: Auth) -> APIRouter:
+    control = surface_router(e2b_error, tags=["e2b"])
+    data = surface_router(data_error, tags=["e2b"])
+    python = gateway.settings.runner_config("python") if "python" in gateway.kinds else None
+
+    async def api_key(request: Request) -> str:
+        """The control plane's caller: ``X-API-Key`` (or ``Authorization``). A request forwarded to another node
+        carries the key as a bearer token, which that node checks itself."""
+        key = request.headers.get("x-api-key")
+        authorization = request.headers.get("authorization")
+        if key is not None and authorization is None:
+            CALLER.set(Caller(f"Bearer {key}", request.headers.get("x-sandboxd-forwarded-by")))
+            return auth.tenant_of_key(key)
+        return auth.tenant_of(request)
+
+    async def sandbox_caller(request: Request, e2b_sandbox_id: Annotated[str, Header()] = "") -> tuple[str, str]:
+        """The data plane's caller and sandbox: the sandbox's own access token, or a key."""
+        # envd's calls carry the access token, the code interpreter's the "traffic" token: both are this one.
+        token = request.headers.get("x-access-token") or request.headers.get("e2b-traffic-access-token")
+        if token is not None and request.headers.get("authorization") is None:
+            return auth.tenant_of_access_token(token, e2b_sandbox_id), e2b_sandbox_id
+        return await api_key(request), e2b_sandbox_id
+
+    Tenant = Annotated[str, Depends(api_key)]
+    Sandbox = Annotated[tuple[str, str], Depends(sandbox_caller)]
+
+    def described(info: SessionInfo, tenant: str, detail: bool = True) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "templateID": info.labels.get(TEMPLATE_LABEL, "base"),
+            "sandboxID": info.session_id,
+            "clientID": info.node_id,
+            "envdVersion": ENVD_VERSION,
+            "envdAccessToken": auth.access_token(tenant, info.session_id),
+            "trafficAccessToken": auth.access_token(tenant, info.session_id),
+        }
+        if detail:
+            cpus = max(1, int(getattr(python, "cpu_cores", 1)))
+            body.update(
+                startedAt=_iso(info.created_at),
+                endAt=_iso(datetime.datetime.now(datetime.UTC).timestamp() + info.expires_in_s),
+                cpuCount=cpus,
+                memoryMB=int(getattr(python, "memory_mb", 512)),
+                diskSizeMB=int(getattr(python, "tmpfs_mb", 64)),
+                state="running",
+                metadata=_metadata(info.labels),
+            )
+        return body
+
+    def labels_of(metadata: dict[str, str], template: str) -> dict[str, str]:
+        try:
+            return _checked_labels({**metadata, TEMPLATE_LABEL: template})
+        except ValueError as exc:
+            raise BadRequest(f"metadata: {exc}") from None
+
+    async def sandbox_info(tenant: str, sandbox_id: str) -> SessionInfo:
+        info = await gateway.session_info(sandbox_id, tenant)
+        if TEMPLATE_LABEL not in info.labels:  # a session of the native API, or a context: not a sandbox
+            raise UnknownSession(f"sandbox {sandbox_id!r} not found", session_id=sandbox_id)
+        return info
+
+    # ------------------------------------------------------------------ control plane
+
+    @control.post("/sandboxes", status_code=201)
+    async def create_sandbox(req: NewSandbox, tenant: Tenant) -> Response:
+        """A sandbox: a python session with the template's name and the metadata as labels."""
+        if req.template_id not in TEMPLATES:
+            raise BadRequest(f"template {req.template_id!r} is not served here; this node serves {list(TEMPLATES)}")
+        if req.auto_pause:
+            raise NotServed("autoPause is not served: a sandbox here is a live process, not a snapshot")
+        if python is None:
+            raise NotServed("this node does not run python sandboxes (enable the python runner)")
+        s = gateway.settings
+        create = SessionCreate(
+            runner="python",
+            ttl_s=min(float(req.timeout), s.session_ttl_s),
+            idle_timeout_s=min(float(req.timeout), s.session_idle_s),
+            labels=labels_of(req.metadata, req.template_id),
+        )
+        info = await gateway.create_session(create, tenant)
+        if req.env_vars:
+            code = f"__import__('os').environ.update({req.env_vars!r})\n"
+            result = await gateway.step(
+                StepRequest(runner="python", action={"code": code}, session_id=info.session_id), tenant
+            )
+            if not result.ok:
+                await gateway.close_session(info.session_id, tenant, "its envVars could not be set")
+                raise BadRequest(f"envVars could not be set: {result.error.message if result.error else ''}")
+        return json_response(described(info, tenant, detail=False), 201)
+
+    @control.get("/sandboxes/{sandbox_id}")
+    async def get_sandbox(sandbox_id: str, tenant: Tenant) -> Response:
+        return json_response(described(await sandbox_info(tenant, sandbox_id), tenant))
+
+    async def listing(tenant: str, request: Request) -> Response:
+        query = request.query_params
+        if query.get("state") and "running" not in query.getlist("state") and "running" not in query["state"]:
+            return json_response([])  # nothing here is ever paused
+        wanted: dict[str, str] = {}
+        for raw in query.getlist("metadata"):  # the SDK quotes each name and value, then url-encodes the pairs
+            for k, v in urllib.parse.parse_qsl(raw, keep_blank_values=True):
+                wanted[urllib.parse.unquote(k)] = urllib.parse.unquote(v)
+        template = query.get("template")
+        selected = await gateway.select_sessions(tenant, {**wanted}, "list") if wanted else None
+        if selected is None:  # every sandbox of the tenant: they all carry the template label
+            selected = {"sessions": []}
+            for name in TEMPLATES:
+                part = await gateway.select_sessions(tenant, {TEMPLATE_LABEL: name}, "list")
+                selected["sessions"].extend(part["sessions"])
+        found = []
+        for raw_info in selected["sessions"]:
+            info = SessionInfo.model_validate(raw_info)
+            if TEMPLATE_LABEL in info.labels and (template is None or info.labels[TEMPLATE_LABEL] == template):
+                found.append(described(info, tenant))
+        found.sort(key=lambda d: d["startedAt"], reverse=query.get("order", "desc") != "asc")
+        limit = int(query.get("limit") or 0)
+        return json_response(found[:limit] if limit > 0 else found)
+
+    @control.get("/v2/sandboxes")
+    async def list_sandboxes(request: Request, tenant: Tenant) -> Response:
+        """The caller's running sandboxes; ``metadata`` filters as E2B's does (every pair must match)."""
+        return await listing(tenant, request)
+
+    @control.get("/sandboxes")
+    async def list_sandboxes_v1(request: Request, tenant: Tenant) -> Response:
+        return await listing(tenant, request)
+
+    @control.delete("/sandboxes/{sandbox_id}", status_code=204)
+    async def kill_sandbox(sandbox_id: str, tenant: Tenant) -> Response:
+        await sandbox_info(tenant, sandbox_id)
+        await gateway.close_session(sandbox_id, tenant, "killed (E2B)")
+        await gateway.select_sessions(tenant, {PARENT_LABEL: sandbox_id}, "close")
+        return Response(status_code=204)
+
+    @control.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+    async def set_timeout(sandbox_id: str, req: Timeout, tenant: Tenant) -> Response:
+        """The sandbox ends ``timeout`` seconds from now (within the node's session TTL from its creation)."""
+        await sandbox_info(tenant, sandbox_id)
+        await gateway.set_timeout(sandbox_id, tenant, float(max(req.timeout, 1)))
+        return Response(status_code=204)
+
+    @control.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
+    async def refresh(sandbox_id: str, req: Refresh, tenant: Tenant) -> Response:
+        await sandbox_info(tenant, sandbox_id)
+        await gateway.set_timeout(sandbox_id, tenant, float(max(req.duration, 1)))
+        return Response(status_code=204)
+
+    @control.post("/sandboxes/{sandbox_id}/connect")
+    async def connect(sandbox_id: str, req: Timeout, tenant: Tenant) -> Response:
+        """A running sandbox, again (its timeout set as asked); E2B would also resume a paused one."""
+        await sandbox_info(tenant, sandbox_id)
+        info = await gateway.set_timeout(sandbox_id, tenant, float(max(req.timeout, 1)))
+        return json_response(described(info, tenant, detail=False))
+
+    @control.post("/sandboxes/{sandbox_id}/pause")
+    async def pause(sandbox_id: str, tenant: Tenant) -> Response:
+        await sandbox_info(tenant, sandbox_id)
+        raise NotServed("pause is not served: a sandbox here is a live process; extend it with set_timeout")
+
+    @control.post("/sandboxes/{sandbox_id}/resume")
+    async def resume(sandbox_id: str, tenant: Tenant) -> Response:
+        await sandbox_info(tenant, sandbox_id)
+        raise NotServed("resume is not served: nothing here is ever paused")
+
+    @control.post("/sandboxes/{sandbox_id}/fork")
+    async def fork(sandbox_id: str, tenant: Tenant) -> Response:
+        await sandbox_info(tenant, sandbox_id)
+        raise NotServed("fork of a python sandbox is not served yet: its interpreter state lives in one process")
+
+    # ------------------------------------------------------------------ data plane
+
+    async def context_of(tenant: str, sandbox_id: str, context_id: str | None) -> str:
+        """The session a code context is: the sandbox's own (default), or one made by ``POST /contexts``."""
+        if not context_id or context_id == sandbox_id:
+            await sandbox_info(tenant, sandbox_id)
+            return sandbox_id
+        info = await gateway.session_info(context_id, tenant)
+        if info.labels.get(PARENT_LABEL) != sandbox_id:
+            raise UnknownSession(f"context {context_id!r} is not one of this sandbox's", session_id=context_id)
+        return context_id
+
+    def python_only(language: str | None) -> None:
+        if language not in (None, "", "python", "python3"):
+            raise BadRequest(f"language {language!r}: this node's code contexts run python only")
+
+    @data.post("/execute")
+    async def execute(req: Execute, caller: Sandbox) -> Response:
+        """One cell in the context's interpreter; its output as NDJSON lines (sent when the cell has ended)."""
+        tenant, sandbox_id = caller
+        python_only(req.language)
+        session_id = await context_of(tenant, sandbox_id, req.context_id)
+        cell, marker = execution_cell(req.code, req.env_vars or {})
+        step = StepRequest(
+            runner="python", action={"code": cell}, session_id=session_id, timeout_s=gateway.settings.max_timeout_s
+        )
+        result = await gateway.step(step, tenant)
+        if (refused := result.not_the_programs()) is not None:
+            raise refused
+        return Response(ndjson(result.model_dump(), marker), media_type="application/x-ndjson")
+
+    @data.post("/contexts")
+    async def new_context(req: NewContext, caller: Sandbox) -> Response:
+        """Another interpreter in the sandbox (a python session labelled with it, ending with it)."""
+        tenant, sandbox_id = caller
+        python_only(req.language)
+        if req.cwd not in (None, "", "/tmp", "/home/user"):
+            raise BadRequest(f"cwd {req.cwd!r}: a context here starts in its own /tmp")
+        parent = await sandbox_info(tenant, sandbox_id)
+        create = SessionCreate(
+            runner="python",
+            ttl_s=max(parent.expires_in_s, 1.0),
+            labels={PARENT_LABEL: sandbox_id, **_metadata(parent.labels)},
+        )
+        info = await gateway.create_session(create, tenant)
+        return json_response({"id": info.session_id, "language": "python", "cwd": "/tmp"})
+
+    @data.get("/contexts")
+    async def list_contexts(caller: Sandbox) -> Response:
+        tenant, sandbox_id = caller
+        await sandbox_info(tenant, sandbox_id)
+        extra = await gateway.select_sessions(tenant, {PARENT_LABEL: sandbox_id}, "list")
+        contexts = [{"id": sandbox_id, "language": "python", "cwd": "/tmp"}]
+        contexts += [{"id": s["session_id"], "language": "python", "cwd": "/tmp"} for s in extra["sessions"]]
+        return json_response(contexts)
+
+    @data.delete("/contexts/{context_id}", status_code=204)
+    async def remove_context(context_id: str, caller: Sandbox) -> Response:
+        tenant, sandbox_id = caller
+        if context_id == sandbox_id:
+            raise BadRequest("the default context ends with its sandbox")
+        await context_of(tenant, sandbox_id, context_id)
+        await gateway.close_session(context_id, tenant)
+        return Response(status_code=204)
+
+    @data.post("/contexts/{context_id}/restart")
+    async def restart_context(context_id: str, caller: Sandbox) -> Response:
+        tenant, sandbox_id = caller
+        await context_of(tenant, sandbox_id, context_id)
+        raise NotServed("restarting a context is not served: create a new context (or sandbox) instead")
+
+    @data.get("/health", status_code=204)
+    async def health(caller: Sandbox) -> Response:
+        """envd's health: 204 while the sandbox runs, 502 once it ended."""
+        tenant, sandbox_id = caller
+        await sandbox_info(tenant, sandbox_id)
+        return Response(status_code=204)
+
+    @data.api_route("/files", methods=["GET", "POST"])
+    async def files(caller: Sandbox) -> Response:
+        await sandbox_info(*caller)
+        raise NotServed("envd's /files is not served yet: write files with run_code (open(...).write)")
+
+    @data.post("/process.Process/{method}")
+    @data.post("/filesystem.Filesystem/{method}")
+    async def connect_rpc(method: str, caller: Sandbox) -> Response:
+        """envd's Connect-RPC services, refused in Connect's own error shape."""
+        await sandbox_info(*caller)
+        body = {"code": "unimplemented", "message": f"{method}: envd's processes and filesystem are not served yet"}
+        return Response(orjson.dumps(body), status_code=501, media_type="application/json")
+
+    api = APIRouter()
+    api.include_router(control)
+    api.include_router(data)
+    return api

@@ -1,0 +1,165 @@
+"""The code interpreter's ``/execute`` as a python session cell, and its answer as the SDK's NDJSON lines.
+
+E2B's code interpreter is a Jupyter kernel: the value of a cell's last expression is its main result, open
+matplotlib figures are displayed as PNG, an exception is an ``error`` (the execution still answers 200),
+and ``execution_count`` counts the cells. Here a sandbox is a python session, so each ``/execute`` sends
+one cell that runs the code in the session's globals the way a kernel would, then writes what the kernel
+would have displayed to the cell's stdout after a marker the request chose at random. What comes before
+the marker is the program's own stdout.
+
+The driver runs inside the tenant's own interpreter, so the program can read or rebind it: it can only
+forge its own sandbox's results (as in a Jupyter kernel), never another's.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import orjson
+
+DRIVER = r"""
+import ast as _ast, base64 as _b64, io as _io, json as _json, linecache as _lc, os as _os, sys as _sys
+import traceback as _tb
+
+
+def _repr_bundle(value):
+    data = {"text": repr(value)}
+    for attr, key in (("_repr_html_", "html"), ("_repr_markdown_", "markdown"), ("_repr_svg_", "svg"),
+                      ("_repr_latex_", "latex"), ("_repr_json_", "json"), ("_repr_javascript_", "javascript")):
+        method = getattr(value, attr, None)
+        if callable(method):
+            try:
+                out = method()
+            except Exception:
+                continue
+            if out is not None:
+                data[key] = out
+    for attr, key in (("_repr_png_", "png"), ("_repr_jpeg_", "jpeg")):
+        method = getattr(value, attr, None)
+        if callable(method):
+            try:
+                out = method()
+            except Exception:
+                continue
+            if isinstance(out, bytes):
+                data[key] = _b64.b64encode(out).decode()
+    return data
+
+
+def _figures():
+    plt = _sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return []
+    shown = []
+    for num in plt.get_fignums():
+        fig = plt.figure(num)
+        buf = _io.BytesIO()
+        fig.savefig(buf, format="png")
+        shown.append({"text": repr(fig), "png": _b64.b64encode(buf.getvalue()).decode(), "is_main_result": False})
+    plt.close("all")
+    return shown
+
+
+def run(code, envs, marker, user):
+    global executions
+    executions = globals().get("executions", 0) + 1
+    events = {"results": [], "error": None, "execution_count": executions}
+    saved = {k: _os.environ.get(k) for k in envs}
+    _os.environ.update(envs)
+    name = "<cell %d>" % executions  # kept in linecache: tracebacks show the source, later ones too
+    _lc.cache[name] = (len(code), None, code.splitlines(True), name)
+    try:
+        tree = _ast.parse(code, name, "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], _ast.Expr):
+            last = _ast.Expression(tree.body.pop().value)
+        exec(compile(tree, name, "exec"), user)
+        value = eval(compile(last, name, "eval"), user) if last is not None else None
+        events["results"].extend(_figures())
+        if value is not None:
+            user["_"] = value
+            events["results"].append({**_repr_bundle(value), "is_main_result": True})
+    except Exception as exc:
+        tb = exc.__traceback__
+        while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell "):
+            tb = tb.tb_next
+        events["error"] = {"name": type(exc).__name__, "value": str(exc),
+                           "traceback": "".join(_tb.format_exception(type(exc), exc, tb))}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                _os.environ.pop(k, None)
+            else:
+                _os.environ[k] = v
+        for stream in (_sys.stdout, _sys.stderr, _sys.__stdout__, _sys.__stderr__):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+    out = ("\n" + marker + _json.dumps(events) + "\n").encode()
+    while out:
+        out = out[_os.write(1, out):]
+"""
+
+# The cell: the driver as a module of its own (built once per session, rebuilt if the program dropped it),
+# then one call. Nothing of the driver's lands in the program's globals.
+CELL = (
+    "(__import__('sys').modules.get('_sandboxd_e2b') or (lambda m: (__import__('sys').modules.__setitem__("
+    "'_sandboxd_e2b', m), exec({driver!r}, m.__dict__), m)[2])(type(__import__('sys'))('_sandboxd_e2b')))"
+    ".run({code!r}, {envs!r}, {marker!r}, globals())\n"
+)
+
+
+def execution_cell(code: str, envs: dict[str, str]) -> tuple[str, str]:
+    """The session cell for one ``/execute``, and the marker its answer follows."""
+    marker = f"\x1esandboxd-e2b-{secrets.token_hex(16)}\x1e"
+    return CELL.format(driver=DRIVER, code=code, envs=envs, marker=marker), marker
+
+
+def _now_ns() -> int:
+    return time.time_ns()
+
+
+def ndjson(result: dict[str, Any], marker: str) -> bytes:
+    """The SDK's lines for a session step's result: stdout, stderr, results, error, execution count."""
+    obs = result.get("observation") or {}
+    stdout, stderr = str(obs.get("stdout") or ""), str(obs.get("stderr") or "")
+    head, found, tail = stdout.rpartition("\n" + marker)
+    events: dict[str, Any] = {}
+    if found:
+        stdout = head
+        try:
+            events = orjson.loads(tail.strip())
+        except orjson.JSONDecodeError:
+            events = {}
+    lines: list[dict[str, Any]] = []
+    ts = _now_ns()
+    if stdout:
+        lines.append({"type": "stdout", "text": stdout, "timestamp": ts})
+    if stderr:
+        lines.append({"type": "stderr", "text": stderr, "timestamp": ts})
+    lines.extend({"type": "result", **r} for r in events.get("results") or [])
+    error = events.get("error") or _step_error(result, found=bool(found))
+    if error:
+        lines.append({"type": "error", **error})
+    if "execution_count" in events:
+        lines.append({"type": "number_of_executions", "execution_count": events["execution_count"]})
+    return b"".join(orjson.dumps(line) + b"\n" for line in lines)
+
+
+def _step_error(result: dict[str, Any], found: bool) -> dict[str, str] | None:
+    """An execution the driver could not report on: killed at a limit, timed out, its output cut."""
+    err = result.get("error")
+    if err:
+        names = {"program_timeout": "TimeoutError", "program_killed": "MemoryError"}
+        name = names.get(str(err.get("code")), "SandboxError")
+        return {"name": name, "value": str(err.get("message")), "traceback": ""}
+    if not found:
+        return {
+            "name": "OutputLimitError",
+            "value": "the execution's output passed the node's max_output_bytes; its results were cut",
+            "traceback": "",
+        }
+    return None

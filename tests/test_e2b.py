@@ -1,0 +1,177 @@
+"""The official E2B SDKs (``e2b``, ``e2b-code-interpreter``, pinned) against a real node's E2B facade: only
+``E2B_API_URL``/``E2B_SANDBOX_URL`` point at the node. What is served works as E2B documents it; what is not
+is refused by the SDK's own exceptions with a message that says so."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from e2b import AuthenticationException, NotFoundException, SandboxException, SandboxQuery
+from e2b import Sandbox as BaseSandbox
+from e2b_code_interpreter import AsyncSandbox, Sandbox
+from e2b_code_interpreter import TimeoutException as CodeTimeout
+
+from tests.conftest import running_node
+
+pytestmark = [pytest.mark.nsjail, pytest.mark.timeout(180)]
+
+KEY_A = "e2b_" + "a1" * 20
+KEY_B = "e2b_" + "b2" * 20
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[str]:
+    with running_node(
+        runners='["python"]', workers=1, reap_interval_s=0.5, api_keys=f'["{KEY_A}", "{KEY_B}", "plain-key-0123456789"]'
+    ) as base:
+        yield base
+
+
+@pytest.fixture(autouse=True)
+def e2b_env(node: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("E2B_API_URL", node)
+    monkeypatch.setenv("E2B_SANDBOX_URL", node)
+    monkeypatch.setenv("E2B_API_KEY", KEY_A)
+
+
+def test_code_runs_with_state_rich_results_and_errors() -> None:
+    sbx = Sandbox.create(metadata={"run_id": "t1"}, envs={"GREETING": "hello"})
+    try:
+        first = sbx.run_code("x = 41\nprint('out'); import sys; print('err', file=sys.stderr)")
+        assert first.error is None and first.logs.stdout == ["out\n"] and first.logs.stderr == ["err\n"]
+        assert sbx.run_code("x + 1").text == "42"  # state across calls, the last expression is the result
+        assert sbx.run_code("import os; os.environ['GREETING']").text == "'hello'"
+        failed = sbx.run_code("def f():\n    return 1 / 0\nf()")
+        assert failed.error is not None and failed.error.name == "ZeroDivisionError"
+        assert "division by zero" in failed.error.value and "return 1 / 0" in failed.error.traceback
+        chart = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('t')\nplt.show()")
+        pngs = [r.png for r in chart.results if r.png]
+        assert len(pngs) == 1 and base64.b64decode(pngs[0]).startswith(PNG_MAGIC), chart
+        html = sbx.run_code("class T:\n    def _repr_html_(self):\n        return '<b>t</b>'\nT()")
+        assert html.results[0].html == "<b>t</b>" and html.results[0].is_main_result
+        counted = sbx.run_code("1")
+        assert counted.execution_count is not None and counted.execution_count >= 6
+        per_call = sbx.run_code("print(1)", envs={"ONLY_HERE": "1"})
+        assert per_call.logs.stdout == ["1\n"]
+        assert sbx.run_code("import os; 'ONLY_HERE' in os.environ").text == "False"
+    finally:
+        sbx.kill()
+
+
+def test_contexts_are_separate_interpreters_of_one_sandbox() -> None:
+    sbx = Sandbox.create()
+    try:
+        ctx = sbx.create_code_context()
+        assert sbx.run_code("y = 5", context=ctx).error is None
+        assert sbx.run_code("y", context=ctx).text == "5"
+        missing = sbx.run_code("y")
+        assert missing.error is not None and missing.error.name == "NameError"
+        assert {c.id for c in sbx.list_code_contexts()} >= {ctx.id}
+        with pytest.raises(SandboxException, match="python only"):
+            sbx.run_code("1", language="r")
+    finally:
+        sbx.kill()
+    with pytest.raises(NotFoundException):  # the context ended with its sandbox
+        BaseSandbox.get_info(ctx.id)
+
+
+def test_list_by_metadata_get_info_and_kill() -> None:
+    one = Sandbox.create(metadata={"run_id": "list-1", "role": "a"})
+    two = Sandbox.create(metadata={"run_id": "list-2"})
+    try:
+        found = BaseSandbox.list(query=SandboxQuery(metadata={"run_id": "list-1"})).next_items()
+        assert [s.sandbox_id for s in found] == [one.sandbox_id]
+        assert found[0].metadata == {"run_id": "list-1", "role": "a"}
+        everything = {s.sandbox_id for s in BaseSandbox.list().next_items()}
+        assert {one.sandbox_id, two.sandbox_id} <= everything
+        info = one.get_info()
+        assert info.sandbox_id == one.sandbox_id and info.metadata["role"] == "a"
+        assert info.end_at > info.started_at
+        assert BaseSandbox.list(api_key=KEY_B).next_items() == []  # another tenant sees none of them
+    finally:
+        assert one.kill() is True
+        two.kill()
+    assert one.is_running() is False
+    assert BaseSandbox.kill(one.sandbox_id) is False  # already gone: the SDK's "not found"
+
+
+def test_timeout_is_extended_and_expires() -> None:
+    sbx = Sandbox.create(timeout=60)
+    sbx.set_timeout(2)
+    sbx.run_code("z = 1")
+    deadline = time.monotonic() + 15
+    while sbx.is_running() and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert not sbx.is_running()
+    with pytest.raises(CodeTimeout):  # E2B's answer for a sandbox that timed out
+        sbx.run_code("z")
+    longer = Sandbox.create(timeout=2)
+    try:
+        longer.set_timeout(60)
+        time.sleep(3)
+        assert longer.run_code("2 + 2").text == "4"
+        connected = Sandbox.connect(longer.sandbox_id)
+        assert connected.run_code("3 + 3").text == "6"
+    finally:
+        longer.kill()
+
+
+def test_keys_and_tokens_open_only_their_own() -> None:
+    sbx = Sandbox.create()
+    try:
+        with pytest.raises(AuthenticationException):
+            Sandbox.create(api_key="e2b_" + "00" * 20)
+        with pytest.raises(NotFoundException):
+            BaseSandbox.get_info(sbx.sandbox_id, api_key=KEY_B)  # another tenant's sandbox: not found
+        assert BaseSandbox.kill(sbx.sandbox_id, api_key=KEY_B) is False
+        other = Sandbox.create(api_key=KEY_B)
+        try:
+            # B's own sandbox's token does not open A's sandbox.
+            headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": other._envd_access_token or ""}
+            r = httpx.post(f"{sbx.connection_config._sandbox_url}/execute", json={"code": "1"}, headers=headers)
+            assert r.status_code == 401, r.text
+        finally:
+            other.kill()
+        # A sandbox's token opens its data plane and nothing else of the tenant's.
+        token = {"X-Access-Token": sbx._envd_access_token or "", "E2b-Sandbox-Id": sbx.sandbox_id}
+        base = sbx.connection_config._sandbox_url
+        r = httpx.post(f"{base}/rollout/step", json={"runner": "python", "action": {"code": "1"}}, headers=token)
+        assert r.status_code == 401, r.text
+        r = httpx.post(f"{base}/sandboxes", json={"templateID": "base"}, headers=token)
+        assert r.status_code == 401, r.text
+        assert sbx.run_code("'still mine'").text == "'still mine'"
+    finally:
+        sbx.kill()
+
+
+def test_what_is_not_served_is_refused_clearly() -> None:
+    with pytest.raises(SandboxException, match="not served here"):
+        Sandbox.create(template="my-custom-template")
+    sbx = BaseSandbox.create()
+    try:
+        with pytest.raises(Exception, match="not served"):
+            sbx.commands.run("echo hi")
+        with pytest.raises(Exception, match="not served"):
+            sbx.files.write("/home/user/a.txt", "x")
+        with pytest.raises(Exception, match="not served"):
+            sbx.pause()
+        assert sbx.is_running()
+    finally:
+        sbx.kill()
+
+
+async def test_the_async_sdk() -> None:
+    sbx = await AsyncSandbox.create(metadata={"run_id": "async"})
+    try:
+        results = await asyncio.gather(*(sbx.run_code(f"{i} * 2") for i in range(1)))
+        assert [r.text for r in results] == ["0"]
+        await sbx.run_code("a = [1, 2]")
+        assert (await sbx.run_code("sum(a)")).text == "3"
+    finally:
+        await sbx.kill()
