@@ -11,6 +11,9 @@
     │   ├── UnknownSession       404     no such session (never existed, closed, reaped)
     │   ├── SessionBusy          409     a step is already running in that session
     │   ├── SessionExpired       410     the session reached its TTL during the step and was ended
+    │   ├── SessionClosed        410     the client closed the session (or its run) during the step
+    │   ├── AlreadyExists        409     a path or name that must be new is taken (E2B's make_dir)
+    │   ├── NotServed            501     a peer's API call this node does not serve (E2B's pause, watch)
     │   ├── UnknownRunner        422     runner kind not enabled on this node
     │   ├── NotFound             404     a path that names nothing here (e.g. /envs/<a kind not run here>)
     │   ├── Unauthorized         401     no API key, or one this node does not know
@@ -152,6 +155,26 @@ class SessionExpired(ClientError):
 
     status = 410
     code = "session_expired"
+
+
+class SessionClosed(ClientError):
+    """The client closed the session (``DELETE``, or by label with its run) while a step ran in it: the step was
+    stopped by its own client, so neither the program's failure nor the service's."""
+
+    status = 410
+    code = "session_closed"
+
+
+class AlreadyExists(ClientError):
+    status = 409
+    code = "already_exists"
+
+
+class NotServed(ClientError):
+    """What a peer's API offers and this node does not (yet): said plainly, never faked."""
+
+    status = 501
+    code = "not_served"
 
 
 class UnknownRunner(ClientError):

@@ -191,7 +191,7 @@ class SessionList(BaseModel):
 class SessionStatusRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    session_ids: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(..., min_length=1, max_length=10_000)
+    session_ids: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(..., min_length=1, max_length=1_000)
 
 
 class SessionState(BaseModel):

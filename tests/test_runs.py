@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def node() -> Iterator[str]:
     with running_node(
-        runners='["textgame", "tools"]',
+        runners='["textgame", "tools", "python"]',
         workers=2,
         tenant_max_sessions=600,
         reap_interval_s=0.5,
@@ -109,6 +109,8 @@ async def test_labels_select_a_run_and_only_the_callers_sessions(a: httpx.AsyncC
         ("POST", "/sessions/keepalive", {"labels": {"run_id": "x"}, "idle_timeout_s": 0}, "idle_timeout_s"),
         ("POST", "/sessions/status", {"session_ids": []}, "session_ids"),
         ("GET", "/sessions?label=run_id", None, "name:value"),
+        ("GET", "/sessions?label=run_id:a&label=run_id:b", None, "each name once"),
+        ("POST", "/sessions/status", {"session_ids": ["s_x"] * 1001}, "session_ids"),
         ("GET", "/sessions", None, "label"),
     ],
 )
@@ -196,3 +198,25 @@ async def test_the_client_selects_renews_and_closes_a_run(node: str) -> None:
         assert {status[s]["state"] for s in sids} == {"live"} and status["s_unknown.n"]["state"] == "unknown"
         assert await c.close_all(run_id="sdk") == 3
         assert await c.list_sessions(run_id="sdk") == []
+
+
+async def test_a_step_in_a_session_closed_by_its_client_says_so(a: httpx.AsyncClient) -> None:
+    """Closing a run mid-step (a trainer restarting) must not read as the program's kill (exit 137)."""
+    sid = await create(a, "python", labels={"run_id": "mid-step"})
+    step = asyncio.ensure_future(
+        a.post(
+            "/rollout/step",
+            json={
+                "runner": "python",
+                "session_id": sid,
+                "action": {"code": "import time; print('began'); time.sleep(5)"},
+            },
+        )
+    )
+    await asyncio.sleep(1.0)
+    assert (await a.post("/sessions/close", json={"labels": {"run_id": "mid-step"}})).json()["count"] == 1
+    r = await step
+    assert r.status_code == 410, r.text
+    error = r.json()["error"]
+    assert (error["blame"], error["code"]) == ("client", "session_closed"), error
+    assert "closed by its client" in error["message"]

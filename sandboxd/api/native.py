@@ -107,6 +107,8 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         pairs = [x.partition(":") for x in label]
         if any(not sep for _, sep, _ in pairs):
             raise BadRequest("label: give each as name:value, e.g. ?label=run_id:grpo-17")
+        if len({k for k, _, _ in pairs}) < len(pairs):
+            raise BadRequest("label: each name once (every label given must match, so one name cannot have two values)")
         try:
             select = SessionSelect(labels={k: v for k, _, v in pairs})
         except ValidationError as exc:
@@ -130,7 +132,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     @api.post("/sessions/status", response_model=SessionStatuses, responses=error_responses(*COMMON), tags=["sessions"])
     async def sessions_status(req: SessionStatusRequest, tenant: Tenant) -> Response:
-        """The state of up to 10,000 sessions in one call: live (with its description), lost, ended or unknown
+        """The state of up to 1,000 sessions in one call: live (with its description), lost, ended or unknown
         (another tenant's sessions are unknown)."""
         return json_response(await gateway.session_states(tenant, req.session_ids))
 

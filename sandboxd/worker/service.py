@@ -35,6 +35,7 @@ from sandboxd.errors import (
     PayloadTooLarge,
     SandboxdError,
     SessionBusy,
+    SessionClosed,
     SessionExpired,
     SessionLost,
     UnknownRunner,
@@ -249,19 +250,15 @@ class Worker:
             try:
                 outcome = await self.runners[rec.runner].step(action, sid, limits)
             except SessionLost as exc:  # the runner lost the sandbox (it stopped answering): said on every later step
-                if rec.expired_mid_step is None:
+                if rec.ended_mid_step is None:
                     self._lost(rec, exc.message)
                 raise
         except SandboxdError as exc:
             self.sessions.release(rec, stepped=False)
-            said: SandboxdError = exc
-            if rec.expired_mid_step is not None:
-                said = SessionExpired(rec.expired_mid_step, session_id=sid, worker=self.index)
-            return self._failed(req.runner, said, t0, sid)
+            return self._failed(req.runner, rec.ended_mid_step or exc, t0, sid)
         self.sessions.release(rec, stepped=True)
-        if rec.expired_mid_step is not None:
-            failed = SessionExpired(rec.expired_mid_step, session_id=sid, worker=self.index)
-            return self._failed(req.runner, failed, t0, sid, observation=outcome.observation)
+        if rec.ended_mid_step is not None:
+            return self._failed(req.runner, rec.ended_mid_step, t0, sid, observation=outcome.observation)
         if not outcome.session_alive:
             obs = outcome.observation.model_dump() if outcome.observation is not None else {}
             why = f"its program was killed ({outcome.killed_by or obs.get('exit_code')})"
@@ -375,7 +372,7 @@ class Worker:
             return {"count": len(chosen)}
         if what == "close":
             why = f"closed by label ({', '.join(f'{k}={v}' for k, v in h['labels'].items())})"[:300]
-            await asyncio.gather(*(self._forget(rec, why) for rec in chosen))
+            await asyncio.gather(*(self._close(rec, why) for rec in chosen))
             return {"count": len(chosen)}
         raise InfraError(f"unknown session selection {what!r}")
 
@@ -385,7 +382,18 @@ class Worker:
             self.sessions.get(session_id, tenant)
         rec = self.sessions.live.get(session_id)
         if rec is not None:
-            await self._forget(rec, why)
+            await self._close(rec, why)
+
+    async def _close(self, rec: SessionRecord, why: str) -> None:
+        """The client ends the session; a step running in it answers that, not its program's kill."""
+        if rec.busy:
+            rec.ended_mid_step = SessionClosed(
+                f"session {rec.session_id} was closed by its client during this step ({why}); the observation, "
+                "if any, is what the step had done by then",
+                session_id=rec.session_id,
+                worker=self.index,
+            )
+        await self._forget(rec, why)
 
     async def _forget(self, rec: SessionRecord, why: str) -> None:
         if self.sessions.remove(rec.session_id, why) is None:
@@ -409,9 +417,11 @@ class Worker:
             await asyncio.sleep(self.settings.reap_interval_s)
             for rec, why in self.sessions.expired():
                 if why == "ttl" and rec.busy:
-                    rec.expired_mid_step = (
+                    rec.ended_mid_step = SessionExpired(
                         f"session {rec.session_id} reached its TTL of {rec.ttl_s:g} s during this step and was "
-                        "ended; the observation, if any, is what the step had done by then"
+                        "ended; the observation, if any, is what the step had done by then",
+                        session_id=rec.session_id,
+                        worker=self.index,
                     )
                 self.metrics.sessions_reaped.labels(why).inc()
                 await self._forget(rec, f"reaped ({why})")

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from sandboxd.constants import CLOSED_REASONS_KEPT, LOST_SESSION_KEPT_S
-from sandboxd.errors import SessionBusy, SessionLost, UnknownSession
+from sandboxd.errors import SandboxdError, SessionBusy, SessionLost, UnknownSession
 
 
 @dataclass
@@ -33,7 +33,8 @@ class SessionRecord:
     lost: str | None = None
     busy: bool = False  # a step is running: a second one is a 409, not a queue
     forking: int = 0  # copies being made: forks may overlap, steps may not
-    expired_mid_step: str | None = None  # the reaper ended it at its TTL during a step: that step says so
+    # Ended during a step by its TTL (the reaper) or by its client (close, close by label): that step says so.
+    ended_mid_step: SandboxdError | None = None
 
     def expired(self, now_mono: float) -> str | None:
         if now_mono - self.created_mono >= self.ttl_s:

@@ -58,7 +58,13 @@ class WaitFor(_Action):
     action: Literal["wait_for"]
     selector: Selector | None = None
     state: Literal["attached", "detached", "visible", "hidden"] = "visible"
-    ms: int | None = Field(None, ge=0, le=60_000, description="Without a selector: just wait this long.")
+    ms: int | None = Field(
+        None,
+        ge=0,
+        le=60_000,
+        description="Without a selector: just wait this long (its own time limit: within `timeout_ms` when given, "
+        "and the step's).",
+    )
 
 
 class Text(_Action):

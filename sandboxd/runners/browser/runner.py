@@ -453,6 +453,8 @@ class BrowserRunner:
         page = tab.page
         is_goto = isinstance(act, m.Goto | m.History)
         default_ms = self.cfg.goto_timeout_ms if is_goto else self.cfg.action_timeout_ms
+        if isinstance(act, m.WaitFor) and not act.selector and act.ms:
+            default_ms = max(default_ms, act.ms)  # a plain wait lasts what it asks (a red team found it cut at 0.5 s)
         timeout_ms = min(act.timeout_ms or default_ms, max(1.0, left_s * 1000))
         t = time.monotonic()
         value: str | None = None
