@@ -11,7 +11,14 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from e2b import AuthenticationException, NotFoundException, SandboxException, SandboxQuery
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    FileNotFoundException,
+    NotFoundException,
+    SandboxException,
+    SandboxQuery,
+)
 from e2b import Sandbox as BaseSandbox
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 from e2b_code_interpreter import TimeoutException as CodeTimeout
@@ -150,17 +157,78 @@ def test_keys_and_tokens_open_only_their_own() -> None:
         sbx.kill()
 
 
+def test_commands_run_stream_and_background_processes_are_killed() -> None:
+    sbx = BaseSandbox.create()
+    try:
+        ok = sbx.commands.run("echo out; echo err >&2; ls /usr/bin/env")
+        assert (ok.exit_code, ok.stdout, ok.stderr) == (0, "out\n/usr/bin/env\n", "err\n")
+        with pytest.raises(CommandExitException) as failed:
+            sbx.commands.run("echo nope >&2; exit 3")
+        assert failed.value.exit_code == 3 and failed.value.stderr == "nope\n"
+        seen: list[tuple[float, str]] = []
+        sbx.commands.run(
+            "for i in 1 2 3; do echo line $i; sleep 0.3; done", on_stdout=lambda s: seen.append((time.monotonic(), s))
+        )
+        assert [line for _, line in seen] == ["line 1\n", "line 2\n", "line 3\n"]
+        assert seen[-1][0] - seen[0][0] > 0.4  # streamed as printed, not all at the end
+        assert sbx.commands.run("echo $GREETING", envs={"GREETING": "hi"}).stdout == "hi\n"
+        server = sbx.commands.run("echo up; exec sleep 300", background=True)
+        deadline = time.monotonic() + 10
+        while server.pid not in {p.pid for p in sbx.commands.list()} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.pid in {p.pid for p in sbx.commands.list()}
+        assert server.kill() is True
+        with pytest.raises(CommandExitException) as killed:
+            server.wait()
+        assert killed.value.exit_code != 0
+        assert server.pid not in {p.pid for p in sbx.commands.list()}
+        # The processes it started die with the sandbox, whatever they do.
+        sbx.commands.run("sleep 300", background=True)
+        fed = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(fed.pid, "fed through stdin\n")
+        sbx.commands.close_stdin(fed.pid)
+        assert fed.wait().stdout == "fed through stdin\n"
+    finally:
+        sbx.kill()
+
+
+def test_files_round_trip_text_binary_and_directories() -> None:
+    sbx = BaseSandbox.create()
+    try:
+        sbx.files.write("/home/user/notes.txt", "héllo\n")
+        assert sbx.files.read("/home/user/notes.txt") == "héllo\n"
+        blob = bytes(range(256)) * (10 * 4096)  # 10 MiB, every byte value
+        sbx.files.write("data/blob.bin", blob)
+        assert bytes(sbx.files.read("data/blob.bin", format="bytes")) == blob
+        assert sbx.commands.run("wc -c < data/blob.bin").stdout.strip() == str(len(blob))  # commands see them
+        names = {(e.name, e.type.value) for e in sbx.files.list("/home/user")}
+        assert names == {("notes.txt", "file"), ("data", "dir")}  # the facade's own state is hidden
+        assert sbx.files.exists("notes.txt") and not sbx.files.exists("missing.txt")
+        assert sbx.files.make_dir("a/b") is True
+        sbx.files.rename("notes.txt", "a/b/moved.txt")
+        info = sbx.files.get_info("a/b/moved.txt")
+        assert info.path == "/home/user/a/b/moved.txt" and info.size == len("héllo\n".encode())
+        sbx.files.remove("a")
+        assert not sbx.files.exists("a/b/moved.txt")
+        with pytest.raises(FileNotFoundException):
+            sbx.files.read("gone.txt")
+        with pytest.raises(Exception, match="writable"):
+            sbx.files.write("/etc/passwd", "root::0:0::/:/bin/sh\n")
+        assert "root:x:0:0" in sbx.files.read("/etc/passwd")  # the system is there, read-only
+        assert sbx.files.read("../../proc/self/status").startswith("Name:")  # its own /proc, not the host's
+    finally:
+        sbx.kill()
+
+
 def test_what_is_not_served_is_refused_clearly() -> None:
     with pytest.raises(SandboxException, match="not served here"):
         Sandbox.create(template="my-custom-template")
     sbx = BaseSandbox.create()
     try:
         with pytest.raises(Exception, match="not served"):
-            sbx.commands.run("echo hi")
-        with pytest.raises(Exception, match="not served"):
-            sbx.files.write("/home/user/a.txt", "x")
-        with pytest.raises(Exception, match="not served"):
             sbx.pause()
+        with pytest.raises(Exception, match="not served"):
+            sbx.files.watch_dir("/home/user")
         assert sbx.is_running()
     finally:
         sbx.kill()

@@ -85,12 +85,11 @@ JSON_HEADERS = b"content-type: application/json\r\n"
 def tenant_of(auth: Auth, authorization: str | None, e2b: dict[bytes, str], path: bytes) -> str:
     """The tenant of a request's credentials: ``Authorization``, else the E2B SDK's (a sandbox's access token, on
     that sandbox's data plane only; an API key); ``Unauthorized`` otherwise."""
-    if authorization is None:
-        token = e2b.get(b"x-access-token") or e2b.get(b"e2b-traffic-access-token")
-        if token is not None and is_data_plane(path):
-            return auth.tenant_of_access_token(token, e2b.get(b"e2b-sandbox-id", ""))
-        if (key := e2b.get(b"x-api-key")) is not None:
-            return auth.tenant_of_key(key)
+    token = e2b.get(b"x-access-token") or e2b.get(b"e2b-traffic-access-token")
+    if token is not None and is_data_plane(path):  # an Authorization beside it names envd's user, not a key
+        return auth.tenant_of_access_token(token, e2b.get(b"e2b-sandbox-id", ""))
+    if authorization is None and (key := e2b.get(b"x-api-key")) is not None:
+        return auth.tenant_of_key(key)
     return auth.tenant_of_header(authorization or "")
 
 

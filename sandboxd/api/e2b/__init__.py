@@ -17,29 +17,48 @@ No ``from __future__ import annotations`` here: FastAPI reads the routes' ``Anno
 signatures at run time (as in ``native.py``).
 """
 
+import base64
 import datetime
 import urllib.parse
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.responses import Response
+from starlette.datastructures import UploadFile
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
 
 from sandboxd.api.auth import Auth
 from sandboxd.api.e2b.cells import execution_cell, ndjson
+from sandboxd.api.e2b.envd import CALL_TIMEOUT_S, READ_CHUNK, Refused, SandboxCalls, connect_apps
 from sandboxd.api.surface import json_response, retry_headers, surface_router
 from sandboxd.cluster.forward import CALLER, Caller
-from sandboxd.errors import BadRequest, SandboxdError, SessionLost, UnknownSession
+from sandboxd.errors import BadRequest, NotServed, SandboxdError, SessionLost, UnknownSession
 from sandboxd.front.gateway import Gateway
 from sandboxd.models import SessionCreate, SessionInfo, StepRequest, _checked_labels
 
 TEMPLATES = ("base", "code-interpreter-v1", "code-interpreter")  # what the SDKs create by default
-ENVD_VERSION = "0.4.0"
+ENVD_VERSION = "0.5.2"  # the envd features served (closing stdin: 0.5.2); not octet-stream uploads (0.5.7)
 TEMPLATE_LABEL = "sandboxd.e2b/template"
 PARENT_LABEL = "sandboxd.e2b/sandbox"  # an extra code context: the sandbox it belongs to
 OWN_LABELS = (TEMPLATE_LABEL, PARENT_LABEL)
 DEFAULT_TIMEOUT_S = 300  # the SDK's own default
+MAX_FILES = 1000  # parts of one upload
+CONNECT_METHODS = {
+    "/process.Process/": ("Start", "Connect", "List", "SendSignal", "SendInput", "CloseStdin", "Update", "StreamInput"),
+    "/filesystem.Filesystem/": (
+        "Stat",
+        "MakeDir",
+        "Move",
+        "ListDir",
+        "Remove",
+        "WatchDir",
+        "CreateWatcher",
+        "GetWatcherEvents",
+        "RemoveWatcher",
+    ),
+}
 
 
 class NewSandbox(BaseModel):
@@ -78,14 +97,6 @@ class NewContext(BaseModel):
     cwd: str | None = None
 
 
-class NotServed(SandboxdError):
-    """What an E2B sandbox can do elsewhere and not here (yet): said, never faked."""
-
-    status = 501
-    code = "not_served"
-    blame = "client"
-
-
 def e2b_error(exc: SandboxdError) -> Response:
     """E2B's error shape: ``{"code": <status>, "message": ...}``; a sandbox that is gone is a 404 (control plane)."""
     status = 404 if isinstance(exc, UnknownSession | SessionLost) else exc.status
@@ -109,8 +120,10 @@ def _metadata(labels: dict[str, str]) -> dict[str, str]:
 
 
 def router(gateway: Gateway, auth: Auth) -> APIRouter:
-    control = surface_router(e2b_error, tags=["e2b"])
-    data = surface_router(data_error, tags=["e2b"])
+    # E2B's contract is E2B's own API document, not ours: these routes stay out of /openapi.json.
+    control = surface_router(e2b_error, tags=["e2b"], include_in_schema=False)
+    calls = SandboxCalls(gateway, auth)
+    data = surface_router(data_error, tags=["e2b"], include_in_schema=False)
     python = gateway.settings.runner_config("python") if "python" in gateway.kinds else None
 
     async def api_key(request: Request) -> str:
@@ -127,7 +140,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         """The data plane's caller and sandbox: the sandbox's own access token, or a key."""
         # envd's calls carry the access token, the code interpreter's the "traffic" token: both are this one.
         token = request.headers.get("x-access-token") or request.headers.get("e2b-traffic-access-token")
-        if token is not None and request.headers.get("authorization") is None:
+        if token is not None:  # an Authorization beside it names envd's user (Basic "user:"), not a key
             return auth.tenant_of_access_token(token, e2b_sandbox_id), e2b_sandbox_id
         return await api_key(request), e2b_sandbox_id
 
@@ -182,6 +195,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         s = gateway.settings
         create = SessionCreate(
             runner="python",
+            options={"keep_processes": True},  # background commands outlive the call that started them
             ttl_s=min(float(req.timeout), s.session_ttl_s),
             idle_timeout_s=min(float(req.timeout), s.session_idle_s),
             labels=labels_of(req.metadata, req.template_id),
@@ -354,20 +368,59 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         await sandbox_info(tenant, sandbox_id)
         return Response(status_code=204)
 
-    @data.api_route("/files", methods=["GET", "POST"])
-    async def files(caller: Sandbox) -> Response:
-        await sandbox_info(*caller)
-        raise NotServed("envd's /files is not served yet: write files with run_code (open(...).write)")
+    @data.get("/files")
+    async def read_file(request: Request, caller: Sandbox) -> Response:
+        """A file's bytes, read from the sandbox in chunks (a whole 10 MB file is ~20 cells)."""
+        tenant, sandbox_id = caller
+        path = request.query_params.get("path") or ""
+        first = await envd_call(tenant, sandbox_id, "read", path=path, offset=0, size=READ_CHUNK)
+        size = int(first["size"])
 
-    @data.post("/process.Process/{method}")
-    @data.post("/filesystem.Filesystem/{method}")
-    async def connect_rpc(method: str, caller: Sandbox) -> Response:
-        """envd's Connect-RPC services, refused in Connect's own error shape."""
-        await sandbox_info(*caller)
-        body = {"code": "unimplemented", "message": f"{method}: envd's processes and filesystem are not served yet"}
-        return Response(orjson.dumps(body), status_code=501, media_type="application/json")
+        async def chunks() -> AsyncIterator[bytes]:
+            data = base64.b64decode(first["data"])
+            offset = len(data)
+            yield data
+            while offset < size and data:
+                got = await calls.call(tenant, sandbox_id, "read", path=path, offset=offset, size=READ_CHUNK)
+                data = base64.b64decode(got["data"])
+                offset += len(data)
+                yield data
+
+        return StreamingResponse(chunks(), media_type="application/octet-stream")
+
+    @data.post("/files")
+    async def write_files(request: Request, caller: Sandbox) -> Response:
+        """``files.write``: multipart parts named ``file`` (their file names are the paths when several), put
+        into the sandbox's home as one step's files."""
+        tenant, sandbox_id = caller
+        form = await request.form(max_files=MAX_FILES, max_part_size=gateway.settings.max_body_bytes)
+        parts = [p for p in form.getlist("file") if isinstance(p, UploadFile)]
+        if not parts:
+            raise BadRequest("no file part in the upload")
+        single = request.query_params.get("path")
+        staged: dict[str, str] = {}
+        written = []
+        for part in parts:
+            target = single if single and len(parts) == 1 else (part.filename or "")
+            relative = await envd_call(tenant, sandbox_id, "writable", path=target)
+            staged[relative] = base64.b64encode(await part.read()).decode()
+            written.append({"name": relative.rsplit("/", 1)[-1], "type": "file", "path": f"/home/user/{relative}"})
+        result = await calls.step(
+            tenant, sandbox_id, {"code": "pass", "files": staged, "file_encoding": "base64"}, CALL_TIMEOUT_S
+        )
+        if result.get("error"):
+            raise BadRequest(f"the files could not be written: {result['error'].get('message')}")
+        return json_response(written)
+
+    async def envd_call(tenant: str, sandbox_id: str, name: str, **kwargs: Any) -> Any:
+        try:
+            return await calls.call(tenant, sandbox_id, name, **kwargs)
+        except Refused as exc:
+            raise exc.as_error() from None
 
     api = APIRouter()
     api.include_router(control)
     api.include_router(data)
+    for prefix, app in connect_apps(calls).items():  # Connect-RPC, served by the SDK's own generated services
+        api.routes.extend(Route(prefix + name, app, methods=["POST"]) for name in CONNECT_METHODS[prefix])
     return api

@@ -103,19 +103,33 @@ def run(code, envs, marker, user):
         out = out[_os.write(1, out):]
 """
 
-# The cell: the driver as a module of its own (built once per session, rebuilt if the program dropped it),
-# then one call. Nothing of the driver's lands in the program's globals.
-CELL = (
-    "(__import__('sys').modules.get('_sandboxd_e2b') or (lambda m: (__import__('sys').modules.__setitem__("
-    "'_sandboxd_e2b', m), exec({driver!r}, m.__dict__), m)[2])(type(__import__('sys'))('_sandboxd_e2b')))"
-    ".run({code!r}, {envs!r}, {marker!r}, globals())\n"
-)
+
+def module_cell(module: str, source: str, call: str) -> str:
+    """A cell that calls ``module.<call>``, building the module from ``source`` first when this interpreter has
+    not got it (its first use, or the program dropped it): nothing of a driver's lands in the program's globals."""
+    build = (
+        f"(lambda m: (__import__('sys').modules.__setitem__({module!r}, m), exec({source!r}, m.__dict__), m)[2])"
+        f"(type(__import__('sys'))({module!r}))"
+    )
+    return f"(__import__('sys').modules.get({module!r}) or {build}).{call}\n"
+
+
+def new_marker() -> str:
+    """What a driver's answer follows on the cell's stdout: random per request, so output cannot be taken for it
+    by accident (the program could still forge its own sandbox's answer, as it could its own output)."""
+    return f"\x1esandboxd-e2b-{secrets.token_hex(16)}\x1e"
 
 
 def execution_cell(code: str, envs: dict[str, str]) -> tuple[str, str]:
     """The session cell for one ``/execute``, and the marker its answer follows."""
-    marker = f"\x1esandboxd-e2b-{secrets.token_hex(16)}\x1e"
-    return CELL.format(driver=DRIVER, code=code, envs=envs, marker=marker), marker
+    marker = new_marker()
+    return module_cell("_sandboxd_e2b", DRIVER, f"run({code!r}, {envs!r}, {marker!r}, globals())"), marker
+
+
+def split_answer(stdout: str, marker: str) -> tuple[str, str | None]:
+    """The program's own stdout, and the driver's answer after the marker (None when it never came)."""
+    head, found, tail = stdout.rpartition("\n" + marker)
+    return (head, tail.strip()) if found else (stdout, None)
 
 
 def _now_ns() -> int:
@@ -125,13 +139,13 @@ def _now_ns() -> int:
 def ndjson(result: dict[str, Any], marker: str) -> bytes:
     """The SDK's lines for a session step's result: stdout, stderr, results, error, execution count."""
     obs = result.get("observation") or {}
-    stdout, stderr = str(obs.get("stdout") or ""), str(obs.get("stderr") or "")
-    head, found, tail = stdout.rpartition("\n" + marker)
+    stdout, answer = split_answer(str(obs.get("stdout") or ""), marker)
+    stderr = str(obs.get("stderr") or "")
+    found = answer is not None
     events: dict[str, Any] = {}
-    if found:
-        stdout = head
+    if answer is not None:
         try:
-            events = orjson.loads(tail.strip())
+            events = orjson.loads(answer)
         except orjson.JSONDecodeError:
             events = {}
     lines: list[dict[str, Any]] = []

@@ -8,7 +8,7 @@ from sandboxd.errors import BadRequest, PayloadTooLarge
 from sandboxd.runners.base import RunnerKind, StepLimits
 from sandboxd.runners.python import environments
 from sandboxd.runners.python.config import PythonRunnerConfig
-from sandboxd.runners.python.models import PythonAction, PythonObservation, StepFiles
+from sandboxd.runners.python.models import PythonAction, PythonObservation, PythonSessionOptions, StepFiles
 
 
 def check_payload(action: StepFiles, code: str, stdin: str, cfg: PythonRunnerConfig) -> None:
@@ -63,6 +63,7 @@ KIND = RunnerKind(
     config=PythonRunnerConfig,
     action=PythonAction,
     observation=PythonObservation,
+    session_options=PythonSessionOptions,
     runner="sandboxd.runners.python.runner:PythonRunner",
     admit=_admit,
     describe=describe,

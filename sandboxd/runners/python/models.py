@@ -168,3 +168,17 @@ class PythonObservation(BaseModel):
         description="Grade steps: the session's files not copied into the grader's sandbox (symbolic links, "
         "FIFOs, past the size budget), and why.",
     )
+
+
+class PythonSessionOptions(BaseModel):
+    """``options`` of ``POST /sessions`` for python."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keep_processes: bool = Field(
+        False,
+        description="Processes a cell starts keep running after it (background servers, E2B's background "
+        "commands); by default whatever a cell leaves running is killed when it ends, since a session's state "
+        "is its interpreter's. Either way they are bounded by the session's pids and memory limits and end "
+        "with the session.",
+    )

@@ -30,7 +30,7 @@ from sandboxd.runners.python.config import (
 )
 from sandboxd.runners.python.jail import Executor, Jail, Output, jail_environments, run_step
 from sandboxd.runners.python.jailside import wire
-from sandboxd.runners.python.models import MAX_FILES, PythonAction, PythonObservation
+from sandboxd.runners.python.models import MAX_FILES, PythonAction, PythonObservation, PythonSessionOptions
 from sandboxd.runners.python.snapshot import read_workdir
 from sandboxd.runners.starvation import host_load
 
@@ -78,6 +78,7 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     steps: int = 0
     env: str | None = None  # its environment, set by its first step
+    keep_processes: bool = False  # what its cells start outlives them (PythonSessionOptions)
 
 
 def import_pattern(modules: list[str]) -> re.Pattern[str] | None:
@@ -598,8 +599,9 @@ class PythonRunner:
             return
         refuse_at_session_cap("python", len(self.sessions), self.cfg.max_sessions_per_worker, session_id)
         sj = max(self.session_jails, key=lambda j: j.warm.qsize())
+        keep = PythonSessionOptions.model_validate(options).keep_processes  # checked at the node already
         placed = await self._warm_sandbox(sj)
-        self.sessions[session_id] = Session(session_id, placed.executor, placed.cgroup, sj.jail)
+        self.sessions[session_id] = Session(session_id, placed.executor, placed.cgroup, sj.jail, keep_processes=keep)
 
     async def _warm_sandbox(self, sj: SessionJail) -> Placed:
         """A live pre-forked sandbox of ``sj``; dead ones (their jail died) are dropped, not handed out."""
@@ -653,6 +655,8 @@ class PythonRunner:
             # Unguessable, so a program cannot write the reply to a cell it has not seen yet (it can still read
             # its own cell's tag from the interpreter it shares with the harness: docs/security.md).
             header["tag"] = secrets.randbits(62)
+            if sess.keep_processes:
+                header["keep"] = True
             if limits.memory_mb:
                 sess.cgroup.set_limits(limits.memory_mb << 20, self.cfg.pids_max)
             before = sess.cgroup.counters(start=True)

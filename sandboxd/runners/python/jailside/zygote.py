@@ -958,7 +958,10 @@ def _session_loop(sock: socket.socket, req: dict[str, Any], body: bytes, site: s
                 pass
             _hold(sigint)
             _flush()
-            _reap_strays()
+            if req.get("keep") is True:
+                _reap_exited()
+            else:
+                _reap_strays()
             reply = b'{"op":"done","exit_code":%d,"tag":%d}' % (rc, tag)
         try:
             _send(sock, reply)
@@ -979,6 +982,19 @@ def _hold(signals: set[signal.Signals]) -> None:
 
 
 _sigpending, _sigtimedwait, _sigmask = signal.sigpending, signal.sigtimedwait, signal.pthread_sigmask
+
+
+def _reap_exited() -> None:
+    """A session that keeps its processes (``keep_processes``): as its pid 1, collect the ones that ended, so
+    they do not pile up as zombies against its pids limit. Processes the cell's own code still waits for are
+    collected here too; callers that need an exit status keep it themselves (E2B's commands write theirs)."""
+    while True:
+        try:
+            pid, _ = _os_waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _reap_strays() -> None:

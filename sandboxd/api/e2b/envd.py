@@ -1,0 +1,353 @@
+"""envd on a node: an E2B sandbox's processes and filesystem (Connect-RPC, the SDK's own generated services in
+``proto/``) and its ``/files`` upload and download, each call a cell of the sandbox's interpreter running
+``envd_driver.py``.
+
+A command's output is read from its files by short cells while it runs, so ``commands.run`` streams (a poll
+every 20-250 ms, the interval shrinking while output comes) and a background command outlives the request
+that started it (the sandbox is a session that keeps its processes). Calls to one sandbox take its turn:
+a cell running there (a long ``run_code``) delays the others, which wait for it rather than fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import orjson
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from connectrpc.request import RequestContext
+from protobuf import Oneof
+from protobuf.wkt import Timestamp
+
+from sandboxd.api.auth import Auth
+from sandboxd.api.e2b.cells import module_cell, new_marker, split_answer
+from sandboxd.api.e2b.envd_driver import ENVD_DRIVER
+from sandboxd.api.e2b.proto import filesystem_pb as fs
+from sandboxd.api.e2b.proto import process_pb as pr
+from sandboxd.api.e2b.proto.filesystem_connect import Filesystem, FilesystemASGIApplication
+from sandboxd.api.e2b.proto.process_connect import Process, ProcessASGIApplication
+from sandboxd.errors import (
+    AlreadyExists,
+    BadRequest,
+    Forbidden,
+    NotFound,
+    SandboxdError,
+    SessionBusy,
+    SessionLost,
+    UnknownSession,
+)
+from sandboxd.front.gateway import Gateway
+from sandboxd.models import StepRequest
+
+CALL_TIMEOUT_S = 30.0  # one envd call's cell (a listing, a stat, a chunk of a file)
+BUSY_WAIT_S = 120.0  # how long a call waits for the sandbox's running cell before it gives up
+POLL_MIN_S, POLL_MAX_S = 0.02, 0.25
+OUTPUT_CHUNK = 256 << 10  # bytes of a stream one poll returns (base64 in a cell's stdout: < 1 MiB)
+READ_CHUNK = 512 << 10  # bytes of a file one /files read cell returns
+KEEPALIVE_S = 30.0  # a stream with no event this long sends envd's keep-alive
+NO_WATCHING = "watching a directory is not served here: list it again (files.list) to see changes"
+
+
+class Refused(Exception):
+    """What envd answers for a path or process that is not there, already there, or not allowed."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    def as_error(self) -> SandboxdError:
+        """The same refusal for ``/files`` (HTTP, E2B's error shape)."""
+        cls = {"not_found": NotFound, "exists": AlreadyExists, "permission": Forbidden}.get(self.kind, BadRequest)
+        return cls(self.message)
+
+
+CONNECT_CODES = {
+    "not_found": Code.NOT_FOUND,
+    "exists": Code.ALREADY_EXISTS,
+    "permission": Code.PERMISSION_DENIED,
+    "invalid": Code.INVALID_ARGUMENT,
+}
+
+
+class SandboxCalls:
+    """Driver calls in a sandbox's interpreter, one cell each, waiting their turn behind a running cell."""
+
+    def __init__(self, gateway: Gateway, auth: Auth) -> None:
+        self.gateway = gateway
+        self.auth = auth
+
+    def caller(self, headers: Any) -> tuple[str, str]:
+        """The tenant and sandbox of a data-plane call: the sandbox's access token, or a key."""
+        sandbox_id = headers.get("e2b-sandbox-id") or ""
+        token = headers.get("x-access-token") or headers.get("e2b-traffic-access-token")
+        if token is not None:
+            return self.auth.tenant_of_access_token(token, sandbox_id), sandbox_id
+        key = headers.get("x-api-key")
+        if key is not None:
+            return self.auth.tenant_of_key(key), sandbox_id
+        return self.auth.tenant_of_header(headers.get("authorization") or ""), sandbox_id
+
+    async def step(self, tenant: str, sandbox_id: str, action: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """One step in the sandbox, after whatever runs there now (409 ``session_busy`` is waited out)."""
+        deadline = time.monotonic() + BUSY_WAIT_S
+        pause = 0.005
+        while True:
+            req = StepRequest(runner="python", action=action, session_id=sandbox_id, timeout_s=timeout_s)
+            result = await self.gateway.step(req, tenant)
+            refused = result.not_the_programs()
+            if isinstance(refused, SessionBusy) and time.monotonic() < deadline:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.1)
+                continue
+            if refused is not None:
+                raise refused
+            return result.model_dump()
+
+    async def call(self, tenant: str, sandbox_id: str, name: str, **kwargs: Any) -> Any:
+        marker = new_marker()
+        cell = module_cell("_sandboxd_envd", ENVD_DRIVER, f"call({name!r}, {kwargs!r}, {marker!r})")
+        result = await self.step(tenant, sandbox_id, {"code": cell}, CALL_TIMEOUT_S)
+        obs = result.get("observation") or {}
+        _, answer = split_answer(str(obs.get("stdout") or ""), marker)
+        if answer is None:
+            err = result.get("error") or {}
+            raise Refused("invalid", f"the sandbox did not answer {name}: {err.get('message') or obs.get('stderr')}")
+        doc = orjson.loads(answer)
+        if "err" in doc:
+            raise Refused(str(doc["err"][0]), str(doc["err"][1]))
+        return doc["ok"]
+
+
+def connect_error(exc: Exception) -> ConnectError:
+    if isinstance(exc, Refused):
+        return ConnectError(CONNECT_CODES.get(exc.kind, Code.INVALID_ARGUMENT), exc.message)
+    if isinstance(exc, UnknownSession | SessionLost):
+        return ConnectError(Code.UNAVAILABLE, f"the sandbox is not running: {exc.message}")
+    if isinstance(exc, SandboxdError):
+        code = Code.RESOURCE_EXHAUSTED if exc.status == 429 else Code.UNAVAILABLE
+        return ConnectError(code if exc.blame != "client" else Code.INVALID_ARGUMENT, exc.message)
+    return ConnectError(Code.INTERNAL, f"internal error: {type(exc).__name__}")
+
+
+def entry_info(e: dict[str, Any]) -> fs.EntryInfo:
+    kind = {"file": fs.FileType.FILE, "dir": fs.FileType.DIRECTORY, "symlink": fs.FileType.SYMLINK}
+    mtime = int(e.get("mtime_ns", 0))
+    info = fs.EntryInfo(
+        name=e["name"],
+        type=kind.get(e["type"], fs.FileType.UNSPECIFIED),
+        path=e["path"],
+        size=int(e["size"]),
+        mode=int(e["mode"]),
+        permissions=e["permissions"],
+        owner=e["owner"],
+        group=e["group"],
+        modified_time=Timestamp(seconds=mtime // 1_000_000_000, nanos=mtime % 1_000_000_000),
+    )
+    if e.get("symlink_target"):
+        info.symlink_target = e["symlink_target"]
+    return info
+
+
+class FilesystemService(Filesystem):
+    """envd's ``filesystem.Filesystem``: stat, list, make, move, remove (watching is not served: the generated
+    defaults answer UNIMPLEMENTED)."""
+
+    def __init__(self, calls: SandboxCalls) -> None:
+        self.calls = calls
+
+    async def _call(self, ctx: RequestContext[Any, Any], name: str, **kwargs: Any) -> Any:
+        try:
+            tenant, sandbox_id = self.calls.caller(ctx.request_headers)
+            return await self.calls.call(tenant, sandbox_id, name, **kwargs)
+        except ConnectError:
+            raise
+        except Exception as exc:
+            raise connect_error(exc) from None
+
+    async def stat(self, request: fs.StatRequest, ctx: RequestContext[Any, Any]) -> fs.StatResponse:
+        return fs.StatResponse(entry=entry_info(await self._call(ctx, "stat", path=request.path)))
+
+    async def make_dir(self, request: fs.MakeDirRequest, ctx: RequestContext[Any, Any]) -> fs.MakeDirResponse:
+        return fs.MakeDirResponse(entry=entry_info(await self._call(ctx, "make_dir", path=request.path)))
+
+    async def move(self, request: fs.MoveRequest, ctx: RequestContext[Any, Any]) -> fs.MoveResponse:
+        moved = await self._call(ctx, "move", source=request.source, destination=request.destination)
+        return fs.MoveResponse(entry=entry_info(moved))
+
+    async def list_dir(self, request: fs.ListDirRequest, ctx: RequestContext[Any, Any]) -> fs.ListDirResponse:
+        found = await self._call(ctx, "list_dir", path=request.path, depth=max(1, int(request.depth or 1)))
+        return fs.ListDirResponse(entries=[entry_info(e) for e in found])
+
+    async def remove(self, request: fs.RemoveRequest, ctx: RequestContext[Any, Any]) -> fs.RemoveResponse:
+        await self._call(ctx, "remove", path=request.path)
+        return fs.RemoveResponse()
+
+    async def watch_dir(
+        self, request: fs.WatchDirRequest, ctx: RequestContext[Any, Any]
+    ) -> AsyncIterator[fs.WatchDirResponse]:
+        raise ConnectError(Code.UNIMPLEMENTED, NO_WATCHING)
+        yield  # an async generator, as the streaming method is called
+
+    async def create_watcher(
+        self, request: fs.CreateWatcherRequest, ctx: RequestContext[Any, Any]
+    ) -> fs.CreateWatcherResponse:
+        raise ConnectError(Code.UNIMPLEMENTED, NO_WATCHING)
+
+
+def _event(**kind: Any) -> pr.ProcessEvent:
+    """A process event of one kind (``start=``, ``data=``, ``end=``, ``keepalive=``): the oneof, named."""
+    ((name, value),) = kind.items()
+    return pr.ProcessEvent(event=cast(Any, Oneof(name, value)))
+
+
+def _output(stream: str, data: bytes) -> pr.ProcessEvent.DataEvent:
+    return pr.ProcessEvent.DataEvent(output=cast(Any, Oneof(stream, data)))
+
+
+class ProcessService(Process):
+    """envd's ``process.Process``: start (streamed), connect, list, signals, stdin (terminals, ``Update`` and
+    ``StreamInput`` are not served: the generated defaults answer UNIMPLEMENTED)."""
+
+    def __init__(self, calls: SandboxCalls) -> None:
+        self.calls = calls
+
+    async def _call(self, ctx: RequestContext[Any, Any], name: str, **kwargs: Any) -> tuple[str, str, Any]:
+        try:
+            tenant, sandbox_id = self.calls.caller(ctx.request_headers)
+            return tenant, sandbox_id, await self.calls.call(tenant, sandbox_id, name, **kwargs)
+        except ConnectError:
+            raise
+        except Exception as exc:
+            raise connect_error(exc) from None
+
+    async def _pid(self, ctx: RequestContext[Any, Any], selector: pr.ProcessSelector | None) -> int:
+        chosen = selector.selector if selector is not None else None
+        if chosen is not None and chosen.field == "pid":
+            return int(chosen.value)
+        if chosen is not None and chosen.field == "tag":
+            _, _, running = await self._call(ctx, "running")
+            for p in running:
+                if p["tag"] == chosen.value:
+                    return int(p["pid"])
+            raise ConnectError(Code.NOT_FOUND, f"no process tagged {chosen.value!r}")
+        raise ConnectError(Code.INVALID_ARGUMENT, "select a process by pid or tag")
+
+    async def _follow(
+        self, tenant: str, sandbox_id: str, pid: int, skip_existing: bool
+    ) -> AsyncIterator[pr.ProcessEvent]:
+        """The process's output as it comes, then its end; polls the sandbox, faster while output flows."""
+        out_off = err_off = 0
+        pause = POLL_MIN_S
+        last_event = time.monotonic()
+        first = True
+        while True:
+            try:
+                got = await self.calls.call(
+                    tenant, sandbox_id, "poll", pid=pid, out_off=out_off, err_off=err_off, cap=OUTPUT_CHUNK
+                )
+            except Exception as exc:
+                raise connect_error(exc) from None
+            out, err = base64.b64decode(got["out"]), base64.b64decode(got["err"])
+            out_off, err_off = int(got["out_off"]), int(got["err_off"])
+            if not (first and skip_existing):
+                if out:
+                    yield _event(data=_output("stdout", out))
+                if err:
+                    yield _event(data=_output("stderr", err))
+            first = False
+            code = got.get("code")
+            if code is not None:
+                code = int(code)  # the shell's $? (128+N: signal N), or -1: killed with its shell
+                exited = 0 <= code < 128
+                status = f"exit status {code}" if exited else "signal: killed" if code < 0 else f"signal: {code - 128}"
+                end = pr.ProcessEvent.EndEvent(exit_code=code, exited=exited, status=status)
+                yield _event(end=end)
+                return
+            if out or err:
+                pause = POLL_MIN_S
+                last_event = time.monotonic()
+            else:
+                pause = min(pause * 1.5, POLL_MAX_S)
+                if time.monotonic() - last_event > KEEPALIVE_S:
+                    last_event = time.monotonic()
+                    yield _event(keepalive=pr.ProcessEvent.KeepAlive())
+            await asyncio.sleep(pause)
+
+    async def start(self, request: pr.StartRequest, ctx: RequestContext[Any, Any]) -> AsyncIterator[pr.StartResponse]:
+        cfg = request.process
+        if cfg is None:
+            raise ConnectError(Code.INVALID_ARGUMENT, "process: which command to start")
+        if request.pty is not None:
+            raise ConnectError(Code.UNIMPLEMENTED, "pty: terminals are not served here; run commands without one")
+        tenant, sandbox_id, started = await self._call(
+            ctx,
+            "start",
+            cmd=cfg.cmd,
+            args=list(cfg.args),
+            envs=dict(cfg.envs),
+            cwd=cfg.cwd or "",
+            tag=request.tag or "",
+            stdin=bool(request.stdin),
+        )
+        pid = int(started["pid"])
+        yield pr.StartResponse(event=_event(start=pr.ProcessEvent.StartEvent(pid=pid)))
+        async for event in self._follow(tenant, sandbox_id, pid, skip_existing=False):
+            yield pr.StartResponse(event=event)
+
+    async def connect(
+        self, request: pr.ConnectRequest, ctx: RequestContext[Any, Any]
+    ) -> AsyncIterator[pr.ConnectResponse]:
+        pid = await self._pid(ctx, request.process)
+        tenant, sandbox_id = self.calls.caller(ctx.request_headers)
+        yield pr.ConnectResponse(event=_event(start=pr.ProcessEvent.StartEvent(pid=pid)))
+        async for event in self._follow(tenant, sandbox_id, pid, skip_existing=True):
+            yield pr.ConnectResponse(event=event)
+
+    async def list(self, request: pr.ListRequest, ctx: RequestContext[Any, Any]) -> pr.ListResponse:
+        _, _, running = await self._call(ctx, "running")
+        return pr.ListResponse(
+            processes=[
+                pr.ProcessInfo(
+                    config=pr.ProcessConfig(cmd=p["cmd"], args=p["args"], envs=p["envs"], cwd=p["cwd"] or None),
+                    pid=int(p["pid"]),
+                    tag=p["tag"] or None,
+                )
+                for p in running
+            ]
+        )
+
+    async def send_signal(self, request: pr.SendSignalRequest, ctx: RequestContext[Any, Any]) -> pr.SendSignalResponse:
+        pid = await self._pid(ctx, request.process)
+        signum = int(request.signal.value) if request.signal is not None else 0
+        if signum not in (9, 15):
+            raise ConnectError(Code.INVALID_ARGUMENT, "signal: SIGKILL or SIGTERM")
+        await self._call(ctx, "send_signal", pid=pid, signum=signum)
+        return pr.SendSignalResponse()
+
+    async def send_input(self, request: pr.SendInputRequest, ctx: RequestContext[Any, Any]) -> pr.SendInputResponse:
+        pid = await self._pid(ctx, request.process)
+        given = request.input.input if request.input is not None else None
+        if given is None or given.field != "stdin":
+            raise ConnectError(Code.INVALID_ARGUMENT, "input: stdin bytes (terminals are not served)")
+        await self._call(ctx, "send_input", pid=pid, data=base64.b64encode(given.value).decode())
+        return pr.SendInputResponse()
+
+    async def update(self, request: pr.UpdateRequest, ctx: RequestContext[Any, Any]) -> pr.UpdateResponse:
+        raise ConnectError(Code.UNIMPLEMENTED, "terminals (pty) are not served here: run commands without one")
+
+    async def close_stdin(self, request: pr.CloseStdinRequest, ctx: RequestContext[Any, Any]) -> pr.CloseStdinResponse:
+        pid = await self._pid(ctx, request.process)
+        await self._call(ctx, "close_stdin", pid=pid)
+        return pr.CloseStdinResponse()
+
+
+def connect_apps(calls: SandboxCalls) -> dict[str, Any]:
+    """The two Connect services as ASGI apps, by the paths they answer."""
+    process = ProcessASGIApplication(ProcessService(calls))
+    filesystem = FilesystemASGIApplication(FilesystemService(calls))
+    return {"/process.Process/": process, "/filesystem.Filesystem/": filesystem}

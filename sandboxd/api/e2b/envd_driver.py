@@ -1,0 +1,233 @@
+"""What envd does inside an E2B sandbox (files, directories, processes), as a module the sandbox's own
+interpreter runs: ``envd.py`` sends one cell per call and reads the answer after a random marker.
+
+Paths: E2B's home (``/home/user``) is the sandbox's working directory (``/tmp``, the only writable place);
+relative paths are relative to it; other absolute paths are the jail's read-only system. Processes started
+by ``start`` run in a session of their own with stdout and stderr going to files under ``/tmp/.sandboxd-e2b``
+(hidden from listings), and a shell records their exit status there: the harness may collect the process
+itself (the session keeps its processes and reaps the ones that ended).
+"""
+
+from __future__ import annotations
+
+ENVD_DRIVER = r"""
+import base64 as _b64, grp as _grp, json as _json, os as _os, pwd as _pwd, shutil as _sh, signal as _sig
+import stat as _st, subprocess as _sp
+
+HOME, E2B_HOME = "/tmp", "/home/user"
+STATE = "/tmp/.sandboxd-e2b"
+procs = {}
+
+
+class Refused(Exception):
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+
+
+def local(path):
+    path = path or E2B_HOME
+    if path == "~" or path.startswith("~/"):
+        path = E2B_HOME + path[1:]
+    if not path.startswith("/"):
+        path = E2B_HOME + "/" + path
+    path = _os.path.normpath(path)
+    if path == E2B_HOME or path.startswith(E2B_HOME + "/"):
+        path = HOME + path[len(E2B_HOME):]
+    if path == STATE or path.startswith(STATE + "/"):
+        raise Refused("not_found", "no such file or directory: " + path)
+    return path
+
+
+def shown(path):
+    return E2B_HOME + path[len(HOME):] if path == HOME or path.startswith(HOME + "/") else path
+
+
+def _owner(uid, gid):
+    try:
+        user = _pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    try:
+        group = _grp.getgrgid(gid).gr_name
+    except KeyError:
+        group = str(gid)
+    return user, group
+
+
+def entry(path):
+    st = _os.lstat(path)
+    kind = "dir" if _st.S_ISDIR(st.st_mode) else "file" if _st.S_ISREG(st.st_mode) else (
+        "symlink" if _st.S_ISLNK(st.st_mode) else "other")
+    user, group = _owner(st.st_uid, st.st_gid)
+    out = {"name": _os.path.basename(path) or "/", "type": kind, "path": shown(path), "size": st.st_size,
+           "mode": _st.S_IMODE(st.st_mode), "permissions": _st.filemode(st.st_mode), "owner": user,
+           "group": group, "mtime_ns": st.st_mtime_ns}
+    if kind == "symlink":
+        out["symlink_target"] = shown(_os.readlink(path))
+        if _os.path.isdir(path):
+            out["type"] = "dir"
+    return out
+
+
+def stat(path):
+    return entry(local(path))
+
+
+def list_dir(path, depth):
+    root = local(path)
+    if not _os.path.isdir(root):
+        raise Refused("invalid", "not a directory: " + path)
+    found = []
+
+    def walk(d, level):
+        for e in sorted(_os.scandir(d), key=lambda e: e.name):
+            if e.path == STATE:
+                continue
+            found.append(entry(e.path))
+            if level < depth and e.is_dir(follow_symlinks=False):
+                walk(e.path, level + 1)
+
+    walk(root, 1)
+    return found
+
+
+def make_dir(path):
+    p = local(path)
+    if _os.path.exists(p):
+        raise Refused("exists", "already exists: " + path)
+    _os.makedirs(p)
+    return entry(p)
+
+
+def move(source, destination):
+    src, dst = local(source), local(destination)
+    if not _os.path.lexists(src):
+        raise Refused("not_found", "no such file or directory: " + source)
+    _os.makedirs(_os.path.dirname(dst) or "/", exist_ok=True)
+    _os.replace(src, dst)
+    return entry(dst)
+
+
+def remove(path):
+    p = local(path)
+    if _os.path.isdir(p) and not _os.path.islink(p):
+        _sh.rmtree(p)
+    else:
+        _os.unlink(p)
+
+
+def read(path, offset, size):
+    p = local(path)
+    if _os.path.isdir(p):
+        raise Refused("invalid", "is a directory: " + path)
+    with open(p, "rb") as f:
+        total = _os.fstat(f.fileno()).st_size
+        f.seek(offset)
+        data = f.read(size)
+    return {"data": _b64.b64encode(data).decode(), "size": total}
+
+
+def writable(path):
+    p = local(path)
+    if not p.startswith(HOME + "/"):
+        raise Refused("permission", "only the home directory (" + E2B_HOME + ") is writable: " + path)
+    return p[len(HOME) + 1:]
+
+
+def start(cmd, args, envs, cwd, tag, stdin):
+    _os.makedirs(STATE, exist_ok=True)
+    env = dict(_os.environ, HOME=HOME, USER="user")
+    env.update(envs or {})
+    where = local(cwd) if cwd else HOME
+    if not _os.path.isdir(where):
+        raise Refused("invalid", "cwd is not a directory: " + (cwd or ""))
+    n = len(procs) + 1
+    base = "%s/%d" % (STATE, n)
+    with open(base + ".out", "wb") as out, open(base + ".err", "wb") as err:
+        # The shell records the exit status (128+N for a signal) where the driver finds it later.
+        p = _sp.Popen(["/bin/sh", "-c", '"$@"; echo $? > "$0.code"', base, cmd, *args], cwd=where, env=env,
+                      stdin=_sp.PIPE if stdin else _sp.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+    procs[p.pid] = {"popen": p, "base": base, "cmd": cmd, "args": list(args), "envs": envs or {},
+                    "cwd": cwd or "", "tag": tag or ""}
+    return {"pid": p.pid}
+
+
+def _status(pid):
+    info = procs.get(pid)
+    if info is None:
+        raise Refused("not_found", "process %d not found" % pid)
+    try:
+        with open(info["base"] + ".code") as f:
+            return info, int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        try:
+            _os.kill(pid, 0)
+            return info, None
+        except ProcessLookupError:
+            return info, -1  # ended without a status (killed with its shell)
+
+
+def poll(pid, out_off, err_off, cap):
+    info, code = _status(pid)
+    chunks = {}
+    for name, off in (("out", out_off), ("err", err_off)):
+        with open(info["base"] + "." + name, "rb") as f:
+            f.seek(off)
+            data = f.read(cap)
+        chunks[name] = _b64.b64encode(data).decode()
+        chunks[name + "_off"] = off + len(data)
+    more = _os.path.getsize(info["base"] + ".out") > chunks["out_off"] or \
+        _os.path.getsize(info["base"] + ".err") > chunks["err_off"]
+    chunks["code"] = code if not more else None
+    return chunks
+
+
+def send_signal(pid, signum):
+    _status(pid)
+    try:
+        _os.killpg(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def send_input(pid, data):
+    info, code = _status(pid)
+    p = info["popen"]
+    if p.stdin is None or p.stdin.closed:
+        raise Refused("invalid", "process %d has no open stdin" % pid)
+    p.stdin.write(_b64.b64decode(data))
+    p.stdin.flush()
+
+
+def close_stdin(pid):
+    info, _ = _status(pid)
+    if info["popen"].stdin is not None:
+        info["popen"].stdin.close()
+
+
+def running():
+    out = []
+    for pid, info in procs.items():
+        if _status(pid)[1] is None:
+            out.append({"pid": pid, **{k: info[k] for k in ("cmd", "args", "envs", "cwd", "tag")}})
+    return out
+
+
+def call(name, kwargs, marker):
+    try:
+        answer = {"ok": globals()[name](**kwargs)}
+    except Refused as exc:
+        answer = {"err": [exc.kind, str(exc)]}
+    except FileNotFoundError as exc:
+        answer = {"err": ["not_found", "no such file or directory: " + shown(exc.filename or "")]}
+    except FileExistsError as exc:
+        answer = {"err": ["exists", "already exists: " + shown(exc.filename or "")]}
+    except PermissionError as exc:
+        answer = {"err": ["permission", "permission denied: " + shown(exc.filename or "")]}
+    except (NotADirectoryError, IsADirectoryError, OSError, ValueError) as exc:
+        answer = {"err": ["invalid", str(exc)]}
+    out = ("\n" + marker + _json.dumps(answer) + "\n").encode()
+    while out:
+        out = out[_os.write(1, out):]
+"""
