@@ -21,6 +21,7 @@ from starlette.responses import Response
 from sandboxd import __version__
 from sandboxd.api import e2b, fusion, native, openenv, ops
 from sandboxd.api.auth import Auth
+from sandboxd.api.e2b.forwarding import E2bForwarding
 from sandboxd.api.limits import BodyLimit
 from sandboxd.api.mcp_server import McpSurface
 from sandboxd.api.surface import json_response, native_error, request_error
@@ -68,6 +69,8 @@ def create_app(settings: NodeSettings | None = None, index: int = 0) -> FastAPI:
     app.router.routes.extend(mcp.routes)
     app.include_router(ops.router(gateway, auth, protected=settings.auth_ops))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)
+    if settings.redis_url:  # a cluster: an E2B sandbox's data plane reaches whichever node got the call
+        app.add_middleware(E2bForwarding, gateway=gateway)
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> Response:

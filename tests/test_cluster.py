@@ -24,6 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 
 KEY_A = "key-a-0123456789abcdef"
 KEY_B = "key-b-0123456789abcdef"
+KEY_E2B = "e2b_" + "c3" * 20  # the form the E2B SDK checks
 HEARTBEAT_S, TTL_S = 0.5, 2.0
 
 
@@ -41,7 +42,7 @@ def nodes(redis_server: LocalRedis) -> Iterator[list[NodeProcess]]:
                     "SANDBOXD_HEARTBEAT_TTL_S": str(TTL_S),
                     "SANDBOXD_WORKERS": "1",
                     "SANDBOXD_RUNNERS": '["python", "textgame"]',
-                    "SANDBOXD_API_KEYS": f'["{KEY_A}", "{KEY_B}"]',
+                    "SANDBOXD_API_KEYS": f'["{KEY_A}", "{KEY_B}", "{KEY_E2B}"]',
                     "SANDBOXD_REDIS_TIMEOUT_S": "0.5",
                 },
             )
@@ -216,6 +217,37 @@ async def test_a_run_is_listed_and_closed_across_nodes(nodes: list[NodeProcess])
     async with client(nodes[0], KEY_B) as other:
         assert (await other.get(f"/sessions/{theirs}")).status_code == 200
         await other.delete(f"/sessions/{theirs}")
+
+
+def test_an_e2b_sandbox_is_served_through_any_node(nodes: list[NodeProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The E2B SDK sends every sandbox's calls to one URL: a node that does not own the sandbox passes them to
+    the one that does, streams included (a command's output as printed, a background command's start at once)."""
+    from e2b import CommandExitException
+    from e2b_code_interpreter import Sandbox
+
+    monkeypatch.setenv("E2B_API_KEY", KEY_E2B)
+    monkeypatch.setenv("E2B_API_URL", nodes[0].url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", nodes[1].url)
+    sbx = Sandbox.create(metadata={"run_id": "cluster-e2b"})
+    assert sbx.sandbox_id.endswith(".n1")  # made by the first node, its data plane reached through the second
+    try:
+        sbx.run_code("x = 20")
+        assert sbx.run_code("x * 2").text == "40"
+        seen: list[float] = []
+        done = sbx.commands.run(
+            "for i in 1 2 3; do echo $i; sleep 0.3; done", on_stdout=lambda s: seen.append(time.monotonic())
+        )
+        assert done.stdout == "1\n2\n3\n" and seen[-1] - seen[0] > 0.4
+        sbx.files.write("/home/user/f.bin", bytes(range(256)) * 4096)
+        assert bytes(sbx.files.read("/home/user/f.bin", format="bytes")) == bytes(range(256)) * 4096
+        server = sbx.commands.run("exec sleep 300", background=True)
+        assert server.kill()
+        with pytest.raises(CommandExitException):
+            server.wait()
+    finally:
+        monkeypatch.setenv("E2B_API_URL", nodes[2].url)  # killed through a third node
+        assert Sandbox.kill(sbx.sandbox_id) is True
+    assert not sbx.is_running()
 
 
 async def test_redis_down_one_shots_run_sessions_503_then_recover(
