@@ -53,7 +53,7 @@ def test_code_runs_with_state_rich_results_and_errors() -> None:
         first = sbx.run_code("x = 41\nprint('out'); import sys; print('err', file=sys.stderr)")
         assert first.error is None and first.logs.stdout == ["out\n"] and first.logs.stderr == ["err\n"]
         assert sbx.run_code("x + 1").text == "42"  # state across calls, the last expression is the result
-        assert sbx.run_code("import os; os.environ['GREETING']").text == "'hello'"
+        assert sbx.run_code("import os; os.environ['GREETING']").text == "hello"  # E2B gives strings unquoted
         failed = sbx.run_code("def f():\n    return 1 / 0\nf()")
         assert failed.error is not None and failed.error.name == "ZeroDivisionError"
         assert "division by zero" in failed.error.value and "return 1 / 0" in failed.error.traceback
@@ -152,7 +152,7 @@ def test_keys_and_tokens_open_only_their_own() -> None:
         assert r.status_code == 401, r.text
         r = httpx.post(f"{base}/sandboxes", json={"templateID": "base"}, headers=token)
         assert r.status_code == 401, r.text
-        assert sbx.run_code("'still mine'").text == "'still mine'"
+        assert sbx.run_code("'still mine'").text == "still mine"
     finally:
         sbx.kill()
 

@@ -34,7 +34,15 @@ from sandboxd.api.e2b.cells import execution_cell, ndjson
 from sandboxd.api.e2b.envd import CALL_TIMEOUT_S, READ_CHUNK, Refused, SandboxCalls, connect_apps
 from sandboxd.api.surface import json_response, retry_headers, surface_router
 from sandboxd.cluster.forward import CALLER, Caller
-from sandboxd.errors import BadRequest, NotServed, SandboxdError, SessionLost, UnknownSession
+from sandboxd.errors import (
+    BadRequest,
+    NotServed,
+    SandboxdError,
+    SessionClosed,
+    SessionExpired,
+    SessionLost,
+    UnknownSession,
+)
 from sandboxd.front.gateway import Gateway
 from sandboxd.models import SessionCreate, SessionInfo, StepRequest, _checked_labels
 
@@ -104,9 +112,9 @@ def e2b_error(exc: SandboxdError) -> Response:
 
 
 def data_error(exc: SandboxdError) -> Response:
-    """On a sandbox's data plane, a sandbox that is gone answers 502, as E2B's proxy does for an ended sandbox
-    (the SDK then says it probably timed out)."""
-    if isinstance(exc, UnknownSession | SessionLost):
+    """On a sandbox's data plane, a sandbox that is gone, or was killed or timed out during the call, answers
+    502, as E2B's proxy does for an ended sandbox (the SDK then says it probably timed out)."""
+    if isinstance(exc, UnknownSession | SessionLost | SessionClosed | SessionExpired):
         return Response(f"sandbox is not running: {exc.message}", status_code=502, media_type="text/plain")
     return e2b_error(exc)
 
@@ -313,13 +321,9 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         python_only(req.language)
         session_id = await context_of(tenant, sandbox_id, req.context_id)
         cell, marker = execution_cell(req.code, req.env_vars or {})
-        step = StepRequest(
-            runner="python", action={"code": cell}, session_id=session_id, timeout_s=gateway.settings.max_timeout_s
-        )
-        result = await gateway.step(step, tenant)
-        if (refused := result.not_the_programs()) is not None:
-            raise refused
-        return Response(ndjson(result.model_dump(), marker), media_type="application/x-ndjson")
+        # After whatever runs there now (a command's output being read): a kernel queues executions too.
+        result = await calls.step(tenant, session_id, {"code": cell}, gateway.settings.max_timeout_s)
+        return Response(ndjson(result, marker), media_type="application/x-ndjson")
 
     @data.post("/contexts")
     async def new_context(req: NewContext, caller: Sandbox) -> Response:

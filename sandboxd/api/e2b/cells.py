@@ -21,11 +21,26 @@ import orjson
 
 DRIVER = r"""
 import ast as _ast, base64 as _b64, io as _io, json as _json, linecache as _lc, os as _os, sys as _sys
-import traceback as _tb
+import textwrap as _tw, traceback as _tb
 
 
 def _repr_bundle(value):
-    data = {"text": repr(value)}
+    text = repr(value)
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]  # as E2B's server gives a string: without its quotes
+    data = {"text": text}
+    if isinstance(value, (list, dict)):
+        try:
+            data["json"] = _json.loads(_json.dumps(value, default=str))
+        except (TypeError, ValueError):
+            pass
+    pandas = _sys.modules.get("pandas")
+    if pandas is not None and isinstance(value, pandas.DataFrame):  # E2B's "e2b/data": columns as lists
+        try:
+            columns = _json.loads(value.to_json(orient="columns", date_format="iso"))
+            data["data"] = {k: list(v.values()) for k, v in columns.items()}
+        except (TypeError, ValueError):
+            pass
     for attr, key in (("_repr_html_", "html"), ("_repr_markdown_", "markdown"), ("_repr_svg_", "svg"),
                       ("_repr_latex_", "latex"), ("_repr_json_", "json"), ("_repr_javascript_", "javascript")):
         method = getattr(value, attr, None)
@@ -46,6 +61,17 @@ def _repr_bundle(value):
             if isinstance(out, bytes):
                 data[key] = _b64.b64encode(out).decode()
     return data
+
+
+def _shell_lines(code):
+    lines = code.splitlines(True)
+    for i, line in enumerate(lines):
+        stripped = line.lstrip()
+        if stripped.startswith("!") and not stripped.startswith("!="):
+            indent = line[: len(line) - len(stripped)]
+            command = stripped[1:].rstrip("\n")
+            lines[i] = indent + "__import__('subprocess').run(%r, shell=True)\n" % command
+    return "".join(lines)
 
 
 def _figures():
@@ -69,6 +95,7 @@ def run(code, envs, marker, user):
     saved = {k: _os.environ.get(k) for k in envs}
     _os.environ.update(envs)
     name = "<cell %d>" % executions  # kept in linecache: tracebacks show the source, later ones too
+    code = _shell_lines(_tw.dedent(code))  # as IPython: indented cells run, "!cmd" lines are shell commands
     _lc.cache[name] = (len(code), None, code.splitlines(True), name)
     try:
         tree = _ast.parse(code, name, "exec")
