@@ -220,6 +220,56 @@ def test_files_round_trip_text_binary_and_directories() -> None:
         sbx.kill()
 
 
+def test_a_sandboxs_own_processes_cannot_forge_its_commands_results() -> None:
+    """Exit codes come from the kernel (waitpid), not from files the sandbox's processes can write: a red team
+    planted 0 for later commands, then filled /tmp so every status file came out empty (read as 0)."""
+    sbx = BaseSandbox.create()
+    try:
+        sbx.commands.run(
+            "for d in /tmp/.sandboxd-e2b/*; do :; done; mkdir -p /tmp/.sandboxd-e2b; "
+            "for i in $(seq 1 50); do echo 0 > /tmp/.sandboxd-e2b/$i.code; done"
+        )
+        with pytest.raises(CommandExitException) as planted:
+            sbx.commands.run("echo graded; exit 5")
+        assert planted.value.exit_code == 5 and planted.value.stdout == "graded\n"
+        sbx.commands.run("head -c 70000000 /dev/zero > /tmp/fill || true")  # the 64 MiB home is full now
+        with pytest.raises(CommandExitException) as full:
+            sbx.commands.run("exit 3")
+        assert full.value.exit_code == 3 and "full" in (full.value.error or "")
+        sbx.files.remove("fill")
+        killed = sbx.commands.run("exec sleep 300", background=True)
+        killed.kill()
+        with pytest.raises(CommandExitException) as signalled:
+            killed.wait()
+        assert signalled.value.exit_code == -1 and signalled.value.error == "signal: SIGKILL"
+    finally:
+        sbx.kill()
+
+
+def test_bad_input_is_the_clients_error(node: str) -> None:
+    sbx = BaseSandbox.create()
+    try:
+        with pytest.raises(SandboxException, match="facade's own"):
+            BaseSandbox.create(metadata={"sandboxd.e2b/sandbox": sbx.sandbox_id})
+        r = httpx.get(f"{node}/v2/sandboxes?limit=abc", headers={"X-API-Key": KEY_A})
+        assert r.status_code == 422 and "limit" in r.json()["message"], r.text
+        r = httpx.post(
+            f"{node}/sandboxes", json={"templateID": "base", "timeout": 10**400}, headers={"X-API-Key": KEY_A}
+        )
+        assert r.status_code == 422, r.text
+        token = {"X-Access-Token": sbx._envd_access_token or "", "E2b-Sandbox-Id": sbx.sandbox_id}
+        for content_type, body in (("application/proto", b"\xff\xff\xff"), ("application/json", b"{not json")):
+            r = httpx.post(
+                f"{node}/filesystem.Filesystem/Stat", content=body, headers={**token, "Content-Type": content_type}
+            )
+            assert r.status_code == 400 and r.json()["code"] == "invalid_argument", r.text
+        with pytest.raises(Exception, match="cannot be removed"):
+            sbx.files.remove("/home/user")
+        assert sbx.commands.run("echo still").stdout == "still\n"
+    finally:
+        sbx.kill()
+
+
 def test_what_is_not_served_is_refused_clearly() -> None:
     with pytest.raises(SandboxException, match="not served here"):
         Sandbox.create(template="my-custom-template")

@@ -257,12 +257,7 @@ class Gateway:
         self.inflight += 1
         self.tenant_inflight[tenant] += 1
         try:
-            if self.tenant_inflight[tenant] > self.settings.tenant_max_inflight:
-                raise Saturated(
-                    f"this tenant has {self.tenant_inflight[tenant] - 1} steps in flight here "
-                    f"(tenant_max_inflight {self.settings.tenant_max_inflight})",
-                    retry_after_s=1.0,
-                )
+            self._within_inflight(tenant)
             if not isinstance(runner, str):
                 raise BadRequest("body.runner: a runner kind (a string) is required")
             if session_id is not None and not isinstance(session_id, str):
@@ -521,6 +516,15 @@ class Gateway:
 
     # ------------------------------------------------------------------ many sessions at once
 
+    def _within_inflight(self, tenant: str) -> None:
+        """429 for the call just counted when the tenant has ``tenant_max_inflight`` in flight here already."""
+        if self.tenant_inflight[tenant] > self.settings.tenant_max_inflight:
+            raise Saturated(
+                f"this tenant has {self.tenant_inflight[tenant] - 1} steps or calls in flight here "
+                f"(tenant_max_inflight {self.settings.tenant_max_inflight})",
+                retry_after_s=1.0,
+            )
+
     @contextlib.contextmanager
     def _counted(self, tenant: str) -> Iterator[None]:
         """A call that costs the workers per session it names (selections, status) counts as a step in flight:
@@ -528,12 +532,7 @@ class Gateway:
         tenant's steps 250x with concurrent 10,000-id status calls)."""
         self.tenant_inflight[tenant] += 1
         try:
-            if self.tenant_inflight[tenant] > self.settings.tenant_max_inflight:
-                raise Saturated(
-                    f"this tenant has {self.tenant_inflight[tenant] - 1} calls in flight here "
-                    f"(tenant_max_inflight {self.settings.tenant_max_inflight})",
-                    retry_after_s=1.0,
-                )
+            self._within_inflight(tenant)
             yield
         finally:
             self.tenant_inflight[tenant] -= 1

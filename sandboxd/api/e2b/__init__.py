@@ -52,6 +52,7 @@ TEMPLATE_LABEL = "sandboxd.e2b/template"
 PARENT_LABEL = "sandboxd.e2b/sandbox"  # an extra code context: the sandbox it belongs to
 OWN_LABELS = (TEMPLATE_LABEL, PARENT_LABEL)
 DEFAULT_TIMEOUT_S = 300  # the SDK's own default
+MAX_TIMEOUT_S = 7 * 86400  # what a timeout may say at all (the node's session_ttl_s caps what it gets)
 MAX_FILES = 1000  # parts of one upload
 CONNECT_METHODS = {
     "/process.Process/": ("Start", "Connect", "List", "SendSignal", "SendInput", "CloseStdin", "Update", "StreamInput"),
@@ -74,8 +75,8 @@ class NewSandbox(BaseModel):
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    template_id: str = Field(alias="templateID")
-    timeout: int = Field(DEFAULT_TIMEOUT_S, ge=1)
+    template_id: str = Field(alias="templateID", max_length=256)
+    timeout: int = Field(DEFAULT_TIMEOUT_S, ge=1, le=MAX_TIMEOUT_S)
     metadata: dict[str, str] = Field(default_factory=dict)
     env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
     auto_pause: bool = Field(False, alias="autoPause")
@@ -83,12 +84,12 @@ class NewSandbox(BaseModel):
 
 class Timeout(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    timeout: int = Field(..., ge=0)
+    timeout: int = Field(..., ge=0, le=MAX_TIMEOUT_S)
 
 
 class Refresh(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    duration: int = Field(DEFAULT_TIMEOUT_S, ge=0)
+    duration: int = Field(DEFAULT_TIMEOUT_S, ge=0, le=MAX_TIMEOUT_S)
 
 
 class Execute(BaseModel):
@@ -178,6 +179,8 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         return body
 
     def labels_of(metadata: dict[str, str], template: str) -> dict[str, str]:
+        if reserved := [k for k in metadata if k.startswith("sandboxd.e2b/")]:
+            raise BadRequest(f"metadata: {reserved[0]!r}: names under sandboxd.e2b/ are the facade's own")
         try:
             return _checked_labels({**metadata, TEMPLATE_LABEL: template})
         except ValueError as exc:
@@ -244,7 +247,10 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             if TEMPLATE_LABEL in info.labels and (template is None or info.labels[TEMPLATE_LABEL] == template):
                 found.append(described(info, tenant))
         found.sort(key=lambda d: d["startedAt"], reverse=query.get("order", "desc") != "asc")
-        limit = int(query.get("limit") or 0)
+        try:
+            limit = int(query.get("limit") or 0)
+        except ValueError:
+            raise BadRequest(f"limit: a whole number, not {query.get('limit', '')[:40]!r}") from None
         return json_response(found[:limit] if limit > 0 else found)
 
     @control.get("/v2/sandboxes")
@@ -378,7 +384,11 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         tenant, sandbox_id = caller
         path = request.query_params.get("path") or ""
         first = await envd_call(tenant, sandbox_id, "read", path=path, offset=0, size=READ_CHUNK)
-        size = int(first["size"])
+        try:
+            size = int(first["size"])
+            base64.b64decode(first["data"])
+        except (KeyError, TypeError, ValueError):
+            raise BadRequest("the sandbox's answer was not well-formed (was its interpreter changed?)") from None
 
         async def chunks() -> AsyncIterator[bytes]:
             data = base64.b64decode(first["data"])
@@ -403,12 +413,13 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             raise BadRequest("no file part in the upload")
         single = request.query_params.get("path")
         staged: dict[str, str] = {}
-        written = []
         for part in parts:
             target = single if single and len(parts) == 1 else (part.filename or "")
             relative = await envd_call(tenant, sandbox_id, "writable", path=target)
-            staged[relative] = base64.b64encode(await part.read()).decode()
-            written.append({"name": relative.rsplit("/", 1)[-1], "type": "file", "path": f"/home/user/{relative}"})
+            if not isinstance(relative, str):
+                raise BadRequest("the sandbox's answer was not well-formed (was its interpreter changed?)")
+            staged[relative] = base64.b64encode(await part.read()).decode()  # the same path twice: the last wins
+        written = [{"name": r.rsplit("/", 1)[-1], "type": "file", "path": f"/home/user/{r}"} for r in staged]
         result = await calls.step(
             tenant, sandbox_id, {"code": "pass", "files": staged, "file_encoding": "base64"}, CALL_TIMEOUT_S
         )

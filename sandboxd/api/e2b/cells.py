@@ -42,24 +42,19 @@ def _repr_bundle(value):
         except (TypeError, ValueError):
             pass
     for attr, key in (("_repr_html_", "html"), ("_repr_markdown_", "markdown"), ("_repr_svg_", "svg"),
-                      ("_repr_latex_", "latex"), ("_repr_json_", "json"), ("_repr_javascript_", "javascript")):
+                      ("_repr_latex_", "latex"), ("_repr_json_", "json"), ("_repr_javascript_", "javascript"),
+                      ("_repr_png_", "png"), ("_repr_jpeg_", "jpeg")):
         method = getattr(value, attr, None)
-        if callable(method):
-            try:
-                out = method()
-            except Exception:
-                continue
-            if out is not None:
-                data[key] = out
-    for attr, key in (("_repr_png_", "png"), ("_repr_jpeg_", "jpeg")):
-        method = getattr(value, attr, None)
-        if callable(method):
-            try:
-                out = method()
-            except Exception:
-                continue
-            if isinstance(out, bytes):
-                data[key] = _b64.b64encode(out).decode()
+        if not callable(method):
+            continue
+        try:
+            out = method()
+        except Exception:
+            continue
+        if key in ("png", "jpeg"):
+            out = _b64.b64encode(out).decode() if isinstance(out, bytes) else None
+        if out is not None:
+            data[key] = out
     return data
 
 
@@ -93,11 +88,11 @@ def run(code, envs, marker, user):
     executions = globals().get("executions", 0) + 1
     events = {"results": [], "error": None, "execution_count": executions}
     saved = {k: _os.environ.get(k) for k in envs}
-    _os.environ.update(envs)
     name = "<cell %d>" % executions  # kept in linecache: tracebacks show the source, later ones too
     code = _shell_lines(_tw.dedent(code))  # as IPython: indented cells run, "!cmd" lines are shell commands
     _lc.cache[name] = (len(code), None, code.splitlines(True), name)
     try:
+        _os.environ.update(envs)  # inside: a name the OS refuses is this execution's error, and rolled back
         tree = _ast.parse(code, name, "exec")
         last = None
         if tree.body and isinstance(tree.body[-1], _ast.Expr):
@@ -181,12 +176,24 @@ def ndjson(result: dict[str, Any], marker: str) -> bytes:
         lines.append({"type": "stdout", "text": stdout, "timestamp": ts})
     if stderr:
         lines.append({"type": "stderr", "text": stderr, "timestamp": ts})
-    lines.extend({"type": "result", **r} for r in events.get("results") or [])
-    error = events.get("error") or _step_error(result, found=bool(found))
+    results = events.get("results") if isinstance(events, dict) else None
+    # What the driver said is only taken in its own shape: a program that changed it hurts only its answers.
+    lines.extend({**r, "type": "result"} for r in results or [] if isinstance(r, dict))
+    error = events.get("error") if isinstance(events, dict) else None
+    if not (isinstance(error, dict) and {"name", "value", "traceback"} <= error.keys()):
+        error = _step_error(result, found=bool(found))
     if error:
-        lines.append({"type": "error", **error})
-    if "execution_count" in events:
-        lines.append({"type": "number_of_executions", "execution_count": events["execution_count"]})
+        lines.append(
+            {
+                "type": "error",
+                "name": str(error["name"]),
+                "value": str(error["value"]),
+                "traceback": str(error["traceback"]),
+            }
+        )
+    count = events.get("execution_count") if isinstance(events, dict) else None
+    if isinstance(count, int):
+        lines.append({"type": "number_of_executions", "execution_count": count})
     return b"".join(orjson.dumps(line) + b"\n" for line in lines)
 
 
@@ -196,6 +203,8 @@ def _step_error(result: dict[str, Any], found: bool) -> dict[str, str] | None:
     if err:
         names = {"program_timeout": "TimeoutError", "program_killed": "MemoryError"}
         name = names.get(str(err.get("code")), "SandboxError")
+        if ((result.get("observation") or {}).get("killed_by")) == "output":
+            name = "OutputLimitError"
         return {"name": name, "value": str(err.get("message")), "traceback": ""}
     if not found:
         return {

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import AsyncIterator
+from base64 import b64decode
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import orjson
@@ -43,12 +44,16 @@ from sandboxd.errors import (
 from sandboxd.front.gateway import Gateway
 from sandboxd.models import StepRequest
 
+MALFORMED = "the sandbox's answer was not well-formed (was its interpreter changed?)"
+MAX_ID = 256  # a session id's longest
 CALL_TIMEOUT_S = 30.0  # one envd call's cell (a listing, a stat, a chunk of a file)
 BUSY_WAIT_S = 120.0  # how long a call waits for the sandbox's running cell before it gives up
 POLL_MIN_S, POLL_MAX_S = 0.02, 0.25
 OUTPUT_CHUNK = 256 << 10  # bytes of a stream one poll returns (base64 in a cell's stdout: < 1 MiB)
 READ_CHUNK = 512 << 10  # bytes of a file one /files read cell returns
-KEEPALIVE_S = 30.0  # a stream with no event this long sends envd's keep-alive
+# A stream with no event this long sends envd's keep-alive: the write is how a client that went away is noticed
+# (a red team left streams polling for 30-40 s after closing them).
+KEEPALIVE_S = 3.0
 NO_WATCHING = "watching a directory is not served here: list it again (files.list) to see changes"
 
 
@@ -81,16 +86,25 @@ class SandboxCalls:
         self.gateway = gateway
         self.auth = auth
 
-    def caller(self, headers: Any) -> tuple[str, str]:
-        """The tenant and sandbox of a data-plane call: the sandbox's access token, or a key."""
+    async def caller(self, headers: Any) -> tuple[str, str]:
+        """The tenant and sandbox of a data-plane call: the sandbox's access token (minted for sandboxes only),
+        or a key, in which case the session it names must be one of the key's E2B sandboxes."""
         sandbox_id = headers.get("e2b-sandbox-id") or ""
+        if not 0 < len(sandbox_id) <= MAX_ID:
+            raise UnknownSession(f"sandbox {sandbox_id[:64]!r} not found")
         token = headers.get("x-access-token") or headers.get("e2b-traffic-access-token")
         if token is not None:
             return self.auth.tenant_of_access_token(token, sandbox_id), sandbox_id
         key = headers.get("x-api-key")
-        if key is not None:
-            return self.auth.tenant_of_key(key), sandbox_id
-        return self.auth.tenant_of_header(headers.get("authorization") or ""), sandbox_id
+        tenant = (
+            self.auth.tenant_of_key(key)
+            if key is not None
+            else self.auth.tenant_of_header(headers.get("authorization") or "")
+        )
+        info = await self.gateway.session_info(sandbox_id, tenant)
+        if not any(k.startswith("sandboxd.e2b/") for k in info.labels):
+            raise UnknownSession(f"sandbox {sandbox_id!r} not found", session_id=sandbox_id)
+        return tenant, sandbox_id
 
     async def step(self, tenant: str, sandbox_id: str, action: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """One step in the sandbox, after whatever runs there now (409 ``session_busy`` is waited out)."""
@@ -117,10 +131,13 @@ class SandboxCalls:
         if answer is None:
             err = result.get("error") or {}
             raise Refused("invalid", f"the sandbox did not answer {name}: {err.get('message') or obs.get('stderr')}")
-        doc = orjson.loads(answer)
-        if "err" in doc:
-            raise Refused(str(doc["err"][0]), str(doc["err"][1]))
-        return doc["ok"]
+        try:
+            doc = orjson.loads(answer)
+            if "err" in doc:
+                raise Refused(str(doc["err"][0]), str(doc["err"][1]))
+            return doc["ok"]
+        except (orjson.JSONDecodeError, TypeError, KeyError, IndexError):
+            raise Refused("invalid", MALFORMED) from None
 
 
 def connect_error(exc: Exception) -> ConnectError:
@@ -132,6 +149,14 @@ def connect_error(exc: Exception) -> ConnectError:
         code = Code.RESOURCE_EXHAUSTED if exc.status == 429 else Code.UNAVAILABLE
         return ConnectError(code if exc.blame != "client" else Code.INVALID_ARGUMENT, exc.message)
     return ConnectError(Code.INTERNAL, f"internal error: {type(exc).__name__}")
+
+
+def shaped[T](convert: Callable[[Any], T], answer: Any) -> T:
+    """``convert(answer)``, or the client's error when a sandbox that changed its interpreter answered nonsense."""
+    try:
+        return convert(answer)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+        raise ConnectError(Code.INVALID_ARGUMENT, MALFORMED) from None
 
 
 def entry_info(e: dict[str, Any]) -> fs.EntryInfo:
@@ -162,26 +187,30 @@ class FilesystemService(Filesystem):
 
     async def _call(self, ctx: RequestContext[Any, Any], name: str, **kwargs: Any) -> Any:
         try:
-            tenant, sandbox_id = self.calls.caller(ctx.request_headers)
+            tenant, sandbox_id = await self.calls.caller(ctx.request_headers)
             return await self.calls.call(tenant, sandbox_id, name, **kwargs)
         except ConnectError:
             raise
         except Exception as exc:
             raise connect_error(exc) from None
 
+    async def _entry(self, ctx: RequestContext[Any, Any], name: str, **kwargs: Any) -> fs.EntryInfo:
+        return shaped(entry_info, await self._call(ctx, name, **kwargs))
+
     async def stat(self, request: fs.StatRequest, ctx: RequestContext[Any, Any]) -> fs.StatResponse:
-        return fs.StatResponse(entry=entry_info(await self._call(ctx, "stat", path=request.path)))
+        return fs.StatResponse(entry=await self._entry(ctx, "stat", path=request.path))
 
     async def make_dir(self, request: fs.MakeDirRequest, ctx: RequestContext[Any, Any]) -> fs.MakeDirResponse:
-        return fs.MakeDirResponse(entry=entry_info(await self._call(ctx, "make_dir", path=request.path)))
+        return fs.MakeDirResponse(entry=await self._entry(ctx, "make_dir", path=request.path))
 
     async def move(self, request: fs.MoveRequest, ctx: RequestContext[Any, Any]) -> fs.MoveResponse:
-        moved = await self._call(ctx, "move", source=request.source, destination=request.destination)
-        return fs.MoveResponse(entry=entry_info(moved))
+        return fs.MoveResponse(
+            entry=await self._entry(ctx, "move", source=request.source, destination=request.destination)
+        )
 
     async def list_dir(self, request: fs.ListDirRequest, ctx: RequestContext[Any, Any]) -> fs.ListDirResponse:
         found = await self._call(ctx, "list_dir", path=request.path, depth=max(1, int(request.depth or 1)))
-        return fs.ListDirResponse(entries=[entry_info(e) for e in found])
+        return fs.ListDirResponse(entries=shaped(lambda f: [entry_info(e) for e in f], found))
 
     async def remove(self, request: fs.RemoveRequest, ctx: RequestContext[Any, Any]) -> fs.RemoveResponse:
         await self._call(ctx, "remove", path=request.path)
@@ -218,7 +247,7 @@ class ProcessService(Process):
 
     async def _call(self, ctx: RequestContext[Any, Any], name: str, **kwargs: Any) -> tuple[str, str, Any]:
         try:
-            tenant, sandbox_id = self.calls.caller(ctx.request_headers)
+            tenant, sandbox_id = await self.calls.caller(ctx.request_headers)
             return tenant, sandbox_id, await self.calls.call(tenant, sandbox_id, name, **kwargs)
         except ConnectError:
             raise
@@ -252,20 +281,23 @@ class ProcessService(Process):
                 )
             except Exception as exc:
                 raise connect_error(exc) from None
-            out, err = base64.b64decode(got["out"]), base64.b64decode(got["err"])
-            out_off, err_off = int(got["out_off"]), int(got["err_off"])
+            out, err, out_off, err_off = shaped(
+                lambda g: (b64decode(g["out"]), b64decode(g["err"]), int(g["out_off"]), int(g["err_off"])), got
+            )
             if not (first and skip_existing):
                 if out:
                     yield _event(data=_output("stdout", out))
                 if err:
                     yield _event(data=_output("stderr", err))
             first = False
-            code = got.get("code")
-            if code is not None:
-                code = int(code)  # the shell's $? (128+N: signal N), or -1: killed with its shell
-                exited = 0 <= code < 128
-                status = f"exit status {code}" if exited else "signal: killed" if code < 0 else f"signal: {code - 128}"
-                end = pr.ProcessEvent.EndEvent(exit_code=code, exited=exited, status=status)
+            ended = got.get("end")
+            if isinstance(ended, dict):
+                end = pr.ProcessEvent.EndEvent(
+                    exit_code=int(ended.get("exit_code", -1)),
+                    exited=bool(ended.get("exited")),
+                    status=str(ended.get("status", "")),
+                    error=str(ended["error"]) if ended.get("error") else None,
+                )
                 yield _event(end=end)
                 return
             if out or err:
@@ -303,7 +335,10 @@ class ProcessService(Process):
         self, request: pr.ConnectRequest, ctx: RequestContext[Any, Any]
     ) -> AsyncIterator[pr.ConnectResponse]:
         pid = await self._pid(ctx, request.process)
-        tenant, sandbox_id = self.calls.caller(ctx.request_headers)
+        try:
+            tenant, sandbox_id = await self.calls.caller(ctx.request_headers)
+        except SandboxdError as exc:
+            raise connect_error(exc) from None
         yield pr.ConnectResponse(event=_event(start=pr.ProcessEvent.StartEvent(pid=pid)))
         async for event in self._follow(tenant, sandbox_id, pid, skip_existing=True):
             yield pr.ConnectResponse(event=event)
@@ -346,8 +381,49 @@ class ProcessService(Process):
         return pr.CloseStdinResponse()
 
 
+class RefuseUndecodable:
+    """A Connect request that cannot be decoded (garbage protobuf, broken JSON, wrong types) is the client's
+    error: Connect's ``invalid_argument`` (400). The library answers it as ``unknown`` (500), and it is the
+    only source of ``unknown`` here (every error the services raise is a ``ConnectError`` with its code)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        held: dict[str, Any] | None = None
+
+        async def sending(message: Any) -> None:
+            nonlocal held
+            if message["type"] == "http.response.start" and message["status"] == 500:
+                held = message  # an unary error: its body decides
+                return
+            if held is not None and message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                try:
+                    error = orjson.loads(body)
+                except orjson.JSONDecodeError:
+                    error = None
+                status = held["status"]
+                if isinstance(error, dict) and error.get("code") == "unknown":
+                    status = 400
+                    body = orjson.dumps(
+                        {
+                            "code": "invalid_argument",
+                            "message": f"the request could not be decoded: {error.get('message')}",
+                        }
+                    )
+                headers = [(k, v) for k, v in held["headers"] if k.lower() != b"content-length"]
+                headers.append((b"content-length", str(len(body)).encode()))
+                await send({**held, "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
 def connect_apps(calls: SandboxCalls) -> dict[str, Any]:
     """The two Connect services as ASGI apps, by the paths they answer."""
-    process = ProcessASGIApplication(ProcessService(calls))
-    filesystem = FilesystemASGIApplication(FilesystemService(calls))
+    process = RefuseUndecodable(ProcessASGIApplication(ProcessService(calls)))
+    filesystem = RefuseUndecodable(FilesystemASGIApplication(FilesystemService(calls)))
     return {"/process.Process/": process, "/filesystem.Filesystem/": filesystem}

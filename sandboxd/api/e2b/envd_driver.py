@@ -4,15 +4,15 @@ interpreter runs: ``envd.py`` sends one cell per call and reads the answer after
 Paths: E2B's home (``/home/user``) is the sandbox's working directory (``/tmp``, the only writable place);
 relative paths are relative to it; other absolute paths are the jail's read-only system. Processes started
 by ``start`` run in a session of their own with stdout and stderr going to files under ``/tmp/.sandboxd-e2b``
-(hidden from listings), and a shell records their exit status there: the harness may collect the process
-itself (the session keeps its processes and reaps the ones that ended).
+(hidden from listings). Their exit statuses come from the kernel: ``waitpid`` here, or the statuses the
+harness keeps when it collects ended children between cells (the session keeps its processes).
 """
 
 from __future__ import annotations
 
 ENVD_DRIVER = r"""
 import base64 as _b64, grp as _grp, json as _json, os as _os, pwd as _pwd, shutil as _sh, signal as _sig
-import stat as _st, subprocess as _sp
+import stat as _st, subprocess as _sp, sys as _sys
 
 HOME, E2B_HOME = "/tmp", "/home/user"
 STATE = "/tmp/.sandboxd-e2b"
@@ -111,6 +111,8 @@ def move(source, destination):
 
 def remove(path):
     p = local(path)
+    if p in (HOME, "/"):
+        raise Refused("permission", "the home directory itself cannot be removed: " + path)
     if _os.path.isdir(p) and not _os.path.islink(p):
         _sh.rmtree(p)
     else:
@@ -142,34 +144,50 @@ def start(cmd, args, envs, cwd, tag, stdin):
     where = local(cwd) if cwd else HOME
     if not _os.path.isdir(where):
         raise Refused("invalid", "cwd is not a directory: " + (cwd or ""))
-    n = len(procs) + 1
-    base = "%s/%d" % (STATE, n)
+    base = "%s/%d-%s" % (STATE, len(procs) + 1, _os.urandom(6).hex())
     with open(base + ".out", "wb") as out, open(base + ".err", "wb") as err:
-        # The shell records the exit status (128+N for a signal) where the driver finds it later.
-        p = _sp.Popen(["/bin/sh", "-c", '"$@"; echo $? > "$0.code"', base, cmd, *args], cwd=where, env=env,
-                      stdin=_sp.PIPE if stdin else _sp.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+        p = _sp.Popen([cmd, *args], cwd=where, env=env, stdin=_sp.PIPE if stdin else _sp.DEVNULL, stdout=out,
+                      stderr=err, start_new_session=True)
     procs[p.pid] = {"popen": p, "base": base, "cmd": cmd, "args": list(args), "envs": envs or {},
-                    "cwd": cwd or "", "tag": tag or ""}
+                    "cwd": cwd or "", "tag": tag or "", "status": None}
     return {"pid": p.pid}
 
 
 def _status(pid):
+    # The process's record and its wait status (None while it runs): from the kernel, through waitpid here
+    # or the harness's reaping between cells, never from a file the sandbox's processes could write.
     info = procs.get(pid)
     if info is None:
         raise Refused("not_found", "process %d not found" % pid)
-    try:
-        with open(info["base"] + ".code") as f:
-            return info, int(f.read().strip() or 0)
-    except (OSError, ValueError):
+    if info["status"] is None:
+        reaped = getattr(_sys.modules.get("_sandboxd_reaped"), "statuses", {})
         try:
-            _os.kill(pid, 0)
-            return info, None
-        except ProcessLookupError:
-            return info, -1  # ended without a status (killed with its shell)
+            done, status = _os.waitpid(pid, _os.WNOHANG)
+            if done:
+                info["status"] = status
+        except ChildProcessError:
+            info["status"] = reaped.pop(pid, None)
+            if info["status"] is None:
+                info["status"] = -1  # collected by someone else without a record: ended, status unknown
+    return info, info["status"]
+
+
+def _end(status):
+    if status == -1:
+        return {"exit_code": -1, "exited": False, "status": "ended (status unknown)"}
+    if _os.WIFSIGNALED(status):
+        sig = _os.WTERMSIG(status)
+        try:
+            name = _sig.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return {"exit_code": -1, "exited": False, "status": "signal: " + name, "error": "signal: " + name}
+    code = _os.waitstatus_to_exitcode(status)
+    return {"exit_code": code, "exited": True, "status": "exit status %d" % code}
 
 
 def poll(pid, out_off, err_off, cap):
-    info, code = _status(pid)
+    info, status = _status(pid)
     chunks = {}
     for name, off in (("out", out_off), ("err", err_off)):
         with open(info["base"] + "." + name, "rb") as f:
@@ -179,7 +197,12 @@ def poll(pid, out_off, err_off, cap):
         chunks[name + "_off"] = off + len(data)
     more = _os.path.getsize(info["base"] + ".out") > chunks["out_off"] or \
         _os.path.getsize(info["base"] + ".err") > chunks["err_off"]
-    chunks["code"] = code if not more else None
+    if status is not None and not more:
+        chunks["end"] = _end(status)
+        fs = _os.statvfs(HOME)
+        if fs.f_bavail == 0:
+            full = "the sandbox's home (its /tmp) is full: the output may be cut"
+            chunks["end"]["error"] = "; ".join(filter(None, (chunks["end"].get("error"), full)))
     return chunks
 
 
@@ -208,7 +231,7 @@ def close_stdin(pid):
 
 def running():
     out = []
-    for pid, info in procs.items():
+    for pid, info in list(procs.items()):
         if _status(pid)[1] is None:
             out.append({"pid": pid, **{k: info[k] for k in ("cmd", "args", "envs", "cwd", "tag")}})
     return out

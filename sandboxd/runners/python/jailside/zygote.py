@@ -988,13 +988,7 @@ def _reap_exited() -> None:
     """A session that keeps its processes (``keep_processes``): as its pid 1, collect the ones that ended, so
     they do not pile up as zombies against its pids limit. Processes the cell's own code still waits for are
     collected here too; callers that need an exit status keep it themselves (E2B's commands write theirs)."""
-    while True:
-        try:
-            pid, _ = _os_waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    _reap(until_none_left=False)
 
 
 def _reap_strays() -> None:
@@ -1003,13 +997,39 @@ def _reap_strays() -> None:
         _os_kill(-1, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    _reap(until_none_left=True)
+
+
+REAPED_KEPT = 4096  # exit statuses kept for whoever started the process (E2B's commands ask for theirs)
+
+
+def _reap(until_none_left: bool) -> None:
+    """Collect ended children; their statuses are kept (the kernel's word, not a file a process could write)
+    in ``sys.modules["_sandboxd_reaped"].statuses`` for the code that started them."""
+    kept = _reaped_statuses()
     while True:
         try:
-            pid, _ = _os_waitpid(-1, os.WNOHANG)
+            pid, status = _os_waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
+            if not until_none_left:
+                return
             _sleep(0.001)
+            continue
+        kept[pid] = status
+        if len(kept) > REAPED_KEPT:
+            del kept[next(iter(kept))]
+
+
+def _reaped_statuses() -> dict[int, int]:
+    module = sys.modules.get("_sandboxd_reaped")
+    if module is None:
+        module = type(sys)("_sandboxd_reaped")
+        module.statuses = {}  # type: ignore[attr-defined]
+        sys.modules["_sandboxd_reaped"] = module
+    statuses: dict[int, int] = module.statuses
+    return statuses
 
 
 if __name__ == "__main__":
