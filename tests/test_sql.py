@@ -278,7 +278,8 @@ async def test_a_step_cut_by_its_sessions_delete_is_the_clients(http: httpx.Asyn
         await asyncio.sleep(0.3)
         assert (await http.delete(f"/sessions/{s}")).status_code == 204
         r = await step
-        assert r.status_code == 404 and r.json()["error"]["blame"] == "client", r.text
+        error = r.json()["error"]
+        assert r.status_code == 410 and (error["blame"], error["code"]) == ("client", "session_closed"), r.text
 
 
 async def test_a_storm_of_session_creates_spreads_over_workers(http: httpx.AsyncClient) -> None:
