@@ -49,6 +49,9 @@ MAX_ID = 256  # a session id's longest
 CALL_TIMEOUT_S = 30.0  # one envd call's cell (a listing, a stat, a chunk of a file)
 BUSY_WAIT_S = 120.0  # how long a call waits for the sandbox's running cell before it gives up
 POLL_MIN_S, POLL_MAX_S = 0.02, 0.25
+# The first poll waits in the sandbox this long for output or the end: most commands an agent runs are done
+# by then and answer at once; later polls do not wait (a cell waiting there holds the sandbox's other calls).
+FIRST_POLL_WAIT_MS = 50
 OUTPUT_CHUNK = 256 << 10  # bytes of a stream one poll returns (base64 in a cell's stdout: < 1 MiB)
 READ_CHUNK = 512 << 10  # bytes of a file one /files read cell returns
 # A stream with no event this long sends envd's keep-alive: the write is how a client that went away is noticed
@@ -277,7 +280,14 @@ class ProcessService(Process):
         while True:
             try:
                 got = await self.calls.call(
-                    tenant, sandbox_id, "poll", pid=pid, out_off=out_off, err_off=err_off, cap=OUTPUT_CHUNK
+                    tenant,
+                    sandbox_id,
+                    "poll",
+                    pid=pid,
+                    out_off=out_off,
+                    err_off=err_off,
+                    cap=OUTPUT_CHUNK,
+                    wait_ms=FIRST_POLL_WAIT_MS if first else 0,
                 )
             except Exception as exc:
                 raise connect_error(exc) from None

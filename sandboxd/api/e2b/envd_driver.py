@@ -12,7 +12,7 @@ from __future__ import annotations
 
 ENVD_DRIVER = r"""
 import base64 as _b64, grp as _grp, json as _json, os as _os, pwd as _pwd, shutil as _sh, signal as _sig
-import stat as _st, subprocess as _sp, sys as _sys
+import stat as _st, subprocess as _sp, sys as _sys, time as _time
 
 HOME, E2B_HOME = "/tmp", "/home/user"
 STATE = "/tmp/.sandboxd-e2b"
@@ -186,8 +186,16 @@ def _end(status):
     return {"exit_code": code, "exited": True, "status": "exit status %d" % code}
 
 
-def poll(pid, out_off, err_off, cap):
-    info, status = _status(pid)
+def poll(pid, out_off, err_off, cap, wait_ms=0):
+    # With wait_ms, wait here (at most that long) for output or the end: a short command answers at once.
+    deadline = _time.monotonic() + wait_ms / 1000
+    while True:
+        info, status = _status(pid)
+        if status is not None or _time.monotonic() >= deadline:
+            break
+        if _os.path.getsize(info["base"] + ".out") > out_off or _os.path.getsize(info["base"] + ".err") > err_off:
+            break
+        _time.sleep(0.002)
     chunks = {}
     for name, off in (("out", out_off), ("err", err_off)):
         with open(info["base"] + "." + name, "rb") as f:
