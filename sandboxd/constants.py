@@ -46,3 +46,4 @@ IPC_MAX_FRAME_BYTES = 512 << 20
 SESSION_ID_BYTES = 12
 CLOSED_REASONS_KEPT = 10_000  # ended sessions remembered, so a late step's 404 can say why
 LOST_SESSION_KEPT_S = 60.0  # a lost session leaves the table this long after its last use (it still answers 410)
+SESSION_HOME = "/home/user"  # a python session's /tmp again, under the name E2B's sandboxes give their home

@@ -54,6 +54,7 @@ def test_code_runs_with_state_rich_results_and_errors() -> None:
         assert first.error is None and first.logs.stdout == ["out\n"] and first.logs.stderr == ["err\n"]
         assert sbx.run_code("x + 1").text == "42"  # state across calls, the last expression is the result
         assert sbx.run_code("import os; os.environ['GREETING']").text == "hello"  # E2B gives strings unquoted
+        assert sbx.run_code("import os; os.getcwd(), os.environ['HOME']").text == "('/home/user', '/home/user')"
         failed = sbx.run_code("def f():\n    return 1 / 0\nf()")
         assert failed.error is not None and failed.error.name == "ZeroDivisionError"
         assert "division by zero" in failed.error.value and "return 1 / 0" in failed.error.traceback
@@ -201,6 +202,7 @@ def test_files_round_trip_text_binary_and_directories() -> None:
         sbx.files.write("data/blob.bin", blob)
         assert bytes(sbx.files.read("data/blob.bin", format="bytes")) == blob
         assert sbx.commands.run("wc -c < data/blob.bin").stdout.strip() == str(len(blob))  # commands see them
+        assert sbx.commands.run("pwd; cat /home/user/notes.txt").stdout == "/home/user\nhéllo\n"
         names = {(e.name, e.type.value if e.type else None) for e in sbx.files.list("/home/user")}
         assert names == {("notes.txt", "file"), ("data", "dir")}  # the facade's own state is hidden
         assert sbx.files.exists("notes.txt") and not sbx.files.exists("missing.txt")

@@ -34,6 +34,7 @@ from sandboxd.api.e2b.cells import execution_cell, ndjson
 from sandboxd.api.e2b.envd import CALL_TIMEOUT_S, READ_CHUNK, Refused, SandboxCalls, connect_apps
 from sandboxd.api.surface import json_response, retry_headers, surface_router
 from sandboxd.cluster.forward import CALLER, Caller
+from sandboxd.constants import SESSION_HOME
 from sandboxd.errors import (
     BadRequest,
     NotServed,
@@ -51,6 +52,7 @@ ENVD_VERSION = "0.5.2"  # the envd features served (closing stdin: 0.5.2); not o
 TEMPLATE_LABEL = "sandboxd.e2b/template"
 PARENT_LABEL = "sandboxd.e2b/sandbox"  # an extra code context: the sandbox it belongs to
 OWN_LABELS = (TEMPLATE_LABEL, PARENT_LABEL)
+HOME = SESSION_HOME  # E2B's home: a sandbox's working directory, its /tmp under that name too
 DEFAULT_TIMEOUT_S = 300  # the SDK's own default
 MAX_TIMEOUT_S = 7 * 86400  # what a timeout may say at all (the node's session_ttl_s caps what it gets)
 MAX_FILES = 1000  # parts of one upload
@@ -178,6 +180,17 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             )
         return body
 
+    async def settle(session_id: str, tenant: str, env_vars: dict[str, str]) -> None:
+        """A new interpreter as E2B's starts: in the home (its /tmp, bound at /home/user in session jails), with
+        HOME and the sandbox's envVars set. A session that cannot be settled is closed and the create refused."""
+        env = {"HOME": HOME, **env_vars}
+        code = f"import os as _o; _o.chdir({HOME!r}); _o.environ.update({env!r}); del _o\n"
+        step = StepRequest(runner="python", action={"code": code}, session_id=session_id)
+        result = await gateway.step(step, tenant)
+        if not result.ok:
+            await gateway.close_session(session_id, tenant, "its envVars could not be set")
+            raise BadRequest(f"envVars could not be set: {result.error.message if result.error else ''}")
+
     def labels_of(metadata: dict[str, str], template: str) -> dict[str, str]:
         if reserved := [k for k in metadata if k.startswith("sandboxd.e2b/")]:
             raise BadRequest(f"metadata: {reserved[0]!r}: names under sandboxd.e2b/ are the facade's own")
@@ -212,14 +225,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             labels=labels_of(req.metadata, req.template_id),
         )
         info = await gateway.create_session(create, tenant)
-        if req.env_vars:
-            code = f"__import__('os').environ.update({req.env_vars!r})\n"
-            result = await gateway.step(
-                StepRequest(runner="python", action={"code": code}, session_id=info.session_id), tenant
-            )
-            if not result.ok:
-                await gateway.close_session(info.session_id, tenant, "its envVars could not be set")
-                raise BadRequest(f"envVars could not be set: {result.error.message if result.error else ''}")
+        await settle(info.session_id, tenant, req.env_vars)
         return json_response(described(info, tenant, detail=False), 201)
 
     @control.get("/sandboxes/{sandbox_id}")
@@ -336,8 +342,8 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         """Another interpreter in the sandbox (a python session labelled with it, ending with it)."""
         tenant, sandbox_id = caller
         python_only(req.language)
-        if req.cwd not in (None, "", "/tmp", "/home/user"):
-            raise BadRequest(f"cwd {req.cwd!r}: a context here starts in its own /tmp")
+        if req.cwd not in (None, "", "/tmp", HOME):
+            raise BadRequest(f"cwd {req.cwd!r}: a context here starts in its own home ({HOME})")
         parent = await sandbox_info(tenant, sandbox_id)
         create = SessionCreate(
             runner="python",
@@ -345,15 +351,16 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             labels={PARENT_LABEL: sandbox_id, **_metadata(parent.labels)},
         )
         info = await gateway.create_session(create, tenant)
-        return json_response({"id": info.session_id, "language": "python", "cwd": "/tmp"})
+        await settle(info.session_id, tenant, {})
+        return json_response({"id": info.session_id, "language": "python", "cwd": HOME})
 
     @data.get("/contexts")
     async def list_contexts(caller: Sandbox) -> Response:
         tenant, sandbox_id = caller
         await sandbox_info(tenant, sandbox_id)
         extra = await gateway.select_sessions(tenant, {PARENT_LABEL: sandbox_id}, "list")
-        contexts = [{"id": sandbox_id, "language": "python", "cwd": "/tmp"}]
-        contexts += [{"id": s["session_id"], "language": "python", "cwd": "/tmp"} for s in extra["sessions"]]
+        contexts = [{"id": sandbox_id, "language": "python", "cwd": HOME}]
+        contexts += [{"id": s["session_id"], "language": "python", "cwd": HOME} for s in extra["sessions"]]
         return json_response(contexts)
 
     @data.delete("/contexts/{context_id}", status_code=204)

@@ -1,8 +1,9 @@
 """What envd does inside an E2B sandbox (files, directories, processes), as a module the sandbox's own
 interpreter runs: ``envd.py`` sends one cell per call and reads the answer after a random marker.
 
-Paths: E2B's home (``/home/user``) is the sandbox's working directory (``/tmp``, the only writable place);
-relative paths are relative to it; other absolute paths are the jail's read-only system. Processes started
+Paths: E2B's home (``/home/user``) is the sandbox's working directory: its ``/tmp`` (the only writable
+place), which session jails also bind at ``/home/user``; relative paths are relative to it; other absolute
+paths are the jail's read-only system. Processes started
 by ``start`` run in a session of their own with stdout and stderr going to files under ``/tmp/.sandboxd-e2b``
 (hidden from listings). Their exit statuses come from the kernel: ``waitpid`` here, or the statuses the
 harness keeps when it collects ended children between cells (the session keeps its processes).
@@ -139,9 +140,11 @@ def writable(path):
 
 def start(cmd, args, envs, cwd, tag, stdin):
     _os.makedirs(STATE, exist_ok=True)
-    env = dict(_os.environ, HOME=HOME, USER="user")
+    env = dict(_os.environ, HOME=E2B_HOME, USER="user")
     env.update(envs or {})
     where = local(cwd) if cwd else HOME
+    if where == HOME or where.startswith(HOME + "/"):  # the same directory, under the name E2B gives it
+        where = E2B_HOME + where[len(HOME):] if _os.path.isdir(E2B_HOME) else where
     if not _os.path.isdir(where):
         raise Refused("invalid", "cwd is not a directory: " + (cwd or ""))
     base = "%s/%d-%s" % (STATE, len(procs) + 1, _os.urandom(6).hex())

@@ -33,6 +33,7 @@ from nsjail.config import Exe, IdMap, MountPt, NsJailConfig
 from nsjail.enums import LogLevel, Mode, RLimitType
 from nsjail.serializers.textproto import to_textproto
 
+from sandboxd.constants import SESSION_HOME
 from sandboxd.errors import SandboxSetupError
 from sandboxd.runners import jailconf
 from sandboxd.runners.cgroups import CgroupGroup
@@ -87,14 +88,16 @@ def jail_environments(cfg: PythonRunnerConfig) -> list[tuple[str, Environment]]:
 
 
 def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str = "sandbox") -> NsJailConfig:
-    """The jail: empty tmpfs root, read-only system and interpreter, nothing of /run, /var, /home; the
-    built environments read-only at their own path."""
+    """The jail: empty tmpfs root, read-only system and interpreter, nothing of /run, /var, /home (sessions:
+    only ``SESSION_HOME``, their own /tmp bound again); the built environments read-only at their own path."""
     prefix = cfg.resolved_prefix()
     mounts = [
         *jailconf.base_mounts("size=1m", "size=1m"),
         MountPt(src=prefix, dst=prefix, is_bind=True),
         MountPt(src=str(JAILSIDE_DIR), dst=JAILSIDE_MOUNT, is_bind=True),
     ]
+    if mode == "session":  # where each session sees its /tmp again (the executor binds it): E2B's home
+        mounts.append(MountPt(dst=SESSION_HOME, fstype="tmpfs", rw=False, is_dir=True, options="size=4k,mode=0755"))
     envs = jail_environments(cfg)
     mounts += [MountPt(src=env.site, dst=env_path(env), is_bind=True) for _, env in envs if env_path(env) != env.site]
     served = [[env_path(env), cfg.preload.get(name, [])] for name, env in envs]

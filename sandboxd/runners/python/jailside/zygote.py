@@ -152,6 +152,7 @@ SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 
 JAIL_UID = 65534
 WORKDIR = "/tmp"
+SESSION_HOME = "/home/user"  # sandboxd.constants.SESSION_HOME (this side imports nothing of sandboxd)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -540,6 +541,8 @@ def _setup_namespaces(tmpfs_bytes: int, session: bool) -> int:
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     if session:
         _loopback_up()
+        if os.path.isdir(SESSION_HOME):  # the session jail's mount point: its /tmp under E2B's name too
+            _mount(WORKDIR, SESSION_HOME, "", MS_BIND | MS_NOSUID | MS_NODEV)
     # Opened now: once not dumpable, /proc/self belongs to root and could not be opened for writing.
     oom_adj = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
     _libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no /proc/1/mem for its descendants
