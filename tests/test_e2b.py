@@ -265,6 +265,12 @@ def test_bad_input_is_the_clients_error(node: str) -> None:
                 f"{node}/filesystem.Filesystem/Stat", content=body, headers={**token, "Content-Type": content_type}
             )
             assert r.status_code == 400 and r.json()["code"] == "invalid_argument", r.text
+        native = httpx.post(f"{node}/sessions", json={"runner": "python"}, headers={"X-API-Key": KEY_A}).json()
+        for method, path in (("GET", "/files?path=a"), ("GET", "/health"), ("POST", "/contexts")):
+            r = httpx.request(  # the key's own native session is not a sandbox: no data plane of it
+                method, f"{node}{path}", headers={"X-API-Key": KEY_A, "E2b-Sandbox-Id": native["session_id"]}
+            )
+            assert r.status_code == 502, (path, r.text)
         with pytest.raises(Exception, match="cannot be removed"):
             sbx.files.remove("/home/user")
         assert sbx.commands.run("echo still").stdout == "still\n"

@@ -13,6 +13,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+from collections.abc import Mapping
 
 from starlette.requests import HTTPConnection
 
@@ -82,6 +83,19 @@ class Auth:
         if not token:
             raise Unauthorized("this node needs an API key: send 'Authorization: Bearer <key>'")
         return self.tenant_of_key(token)
+
+    def tenant_of_e2b(self, headers: Mapping[str, str], data_plane: bool) -> str:
+        """The tenant of a request that may carry the E2B SDK's credentials, by one rule for the front door, the
+        E2B routes and envd's services: on a sandbox's data plane its access token (an ``Authorization`` beside
+        it names envd's user, Basic "user:", not a key); else ``X-API-Key`` when no ``Authorization`` is sent;
+        else ``Authorization``. Header names are lower case, as every caller's mapping gives them."""
+        token = headers.get("x-access-token") or headers.get("e2b-traffic-access-token")
+        if token is not None and data_plane:
+            return self.tenant_of_access_token(token, headers.get("e2b-sandbox-id") or "")
+        key = headers.get("x-api-key")
+        if key is not None and headers.get("authorization") is None:
+            return self.tenant_of_key(key)
+        return self.tenant_of_header(headers.get("authorization") or "")
 
     def tenant_of_key(self, key: str) -> str:
         if not self.tenants:

@@ -575,9 +575,9 @@ class Gateway:
                 return_exceptions=True,
             )
             for peer, reply in zip(peers, replies, strict=True):
-                if isinstance(reply, BaseException) or reply[0] != 200:
-                    if isinstance(reply, BaseException) and not isinstance(reply, Exception):
-                        raise reply
+                if isinstance(reply, BaseException) and not isinstance(reply, Exception):
+                    raise reply  # cancellation, not the peer's failure
+                if isinstance(reply, Exception) or reply[0] != 200:
                     unreached.append(peer.node_id)
                     continue
                 doc = orjson.loads(reply[1])
@@ -617,10 +617,11 @@ class Gateway:
         async def ask_worker(index: int, ids: list[str]) -> None:
             ch = self.links.workers[index].channel
             try:
-                assert ch is not None
+                if ch is None:
+                    raise LinkClosed("no link")
                 _, raw = await ch.call("status", {"tenant": tenant, "session_ids": ids})
                 states.update(orjson.loads(raw))
-            except (LinkClosed, SandboxdError, AssertionError):
+            except (LinkClosed, SandboxdError):
                 states.update({sid: {"state": "lost", "why": f"worker {index} died"} for sid in ids})
 
         async def ask_owner(ids: list[str]) -> None:

@@ -83,14 +83,13 @@ JSON_HEADERS = b"content-type: application/json\r\n"
 
 
 def tenant_of(auth: Auth, authorization: str | None, e2b: dict[bytes, str], path: bytes) -> str:
-    """The tenant of a request's credentials: ``Authorization``, else the E2B SDK's (a sandbox's access token, on
-    that sandbox's data plane only; an API key); ``Unauthorized`` otherwise."""
-    token = e2b.get(b"x-access-token") or e2b.get(b"e2b-traffic-access-token")
-    if token is not None and is_data_plane(path):  # an Authorization beside it names envd's user, not a key
-        return auth.tenant_of_access_token(token, e2b.get(b"e2b-sandbox-id", ""))
-    if authorization is None and (key := e2b.get(b"x-api-key")) is not None:
-        return auth.tenant_of_key(key)
-    return auth.tenant_of_header(authorization or "")
+    """The tenant of a request's credentials: ``Authorization``, or the E2B SDK's (``Auth.tenant_of_e2b``)."""
+    if not e2b:
+        return auth.tenant_of_header(authorization or "")
+    headers = {name.decode(): value for name, value in e2b.items()}
+    if authorization is not None:
+        headers["authorization"] = authorization
+    return auth.tenant_of_e2b(headers, data_plane=is_data_plane(path))
 
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"

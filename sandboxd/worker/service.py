@@ -363,12 +363,9 @@ class Worker:
         if what == "list":
             return {"sessions": [r.describe() for r in chosen]}
         if what == "renew":
-            now = time.monotonic()
             idle_s = h.get("idle_s")
             for rec in chosen:
-                rec.last_used = now
-                if idle_s:
-                    rec.idle_s = min(float(idle_s), self.settings.session_idle_s)
+                rec.renew(float(idle_s) if idle_s else None, self.settings.session_idle_s)
             return {"count": len(chosen)}
         if what == "close":
             why = f"closed by label ({', '.join(f'{k}={v}' for k, v in h['labels'].items())})"[:300]

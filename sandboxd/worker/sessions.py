@@ -65,6 +65,12 @@ class SessionRecord:
         self.last_used = now
         self.idle_s = max(self.idle_s, min(timeout_s, max_idle_s))
 
+    def renew(self, idle_s: float | None, max_idle_s: float) -> None:
+        """A keep-alive: the idle timer restarts, and ``idle_s`` (within the node's) becomes the idle timeout."""
+        self.last_used = time.monotonic()
+        if idle_s:
+            self.idle_s = min(idle_s, max_idle_s)
+
     def has(self, labels: dict[str, str]) -> bool:
         return all(self.labels.get(k) == v for k, v in labels.items())
 

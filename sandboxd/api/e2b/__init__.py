@@ -23,7 +23,7 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
 from starlette.responses import Response, StreamingResponse
@@ -31,9 +31,10 @@ from starlette.routing import Route
 
 from sandboxd.api.auth import Auth
 from sandboxd.api.e2b.cells import execution_cell, ndjson
-from sandboxd.api.e2b.envd import CALL_TIMEOUT_S, READ_CHUNK, Refused, SandboxCalls, connect_apps
+from sandboxd.api.e2b.envd import CALL_TIMEOUT_S, MALFORMED, READ_CHUNK, Refused, SandboxCalls, connect_apps
+from sandboxd.api.e2b.labels import OWN_PREFIX, PARENT_LABEL, TEMPLATE_LABEL
 from sandboxd.api.surface import json_response, retry_headers, surface_router
-from sandboxd.cluster.forward import CALLER, Caller
+from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.constants import SESSION_HOME
 from sandboxd.errors import (
     BadRequest,
@@ -49,9 +50,6 @@ from sandboxd.models import SessionCreate, SessionInfo, StepRequest, _checked_la
 
 TEMPLATES = ("base", "code-interpreter-v1", "code-interpreter")  # what the SDKs create by default
 ENVD_VERSION = "0.5.2"  # the envd features served (closing stdin: 0.5.2); not octet-stream uploads (0.5.7)
-TEMPLATE_LABEL = "sandboxd.e2b/template"
-PARENT_LABEL = "sandboxd.e2b/sandbox"  # an extra code context: the sandbox it belongs to
-OWN_LABELS = (TEMPLATE_LABEL, PARENT_LABEL)
 HOME = SESSION_HOME  # E2B's home: a sandbox's working directory, its /tmp under that name too
 DEFAULT_TIMEOUT_S = 300  # the SDK's own default
 MAX_TIMEOUT_S = 7 * 86400  # what a timeout may say at all (the node's session_ttl_s caps what it gets)
@@ -127,7 +125,7 @@ def _iso(ts: float) -> str:
 
 
 def _metadata(labels: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in labels.items() if k not in OWN_LABELS}
+    return {k: v for k, v in labels.items() if not k.startswith(OWN_PREFIX)}
 
 
 def router(gateway: Gateway, auth: Auth) -> APIRouter:
@@ -140,32 +138,28 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     async def api_key(request: Request) -> str:
         """The control plane's caller: ``X-API-Key`` (or ``Authorization``). A request forwarded to another node
         carries the key as a bearer token, which that node checks itself."""
+        tenant = auth.tenant_of_e2b(request.headers, data_plane=False)
         key = request.headers.get("x-api-key")
-        authorization = request.headers.get("authorization")
-        if key is not None and authorization is None:
-            CALLER.set(Caller(f"Bearer {key}", request.headers.get("x-sandboxd-forwarded-by")))
-            return auth.tenant_of_key(key)
-        return auth.tenant_of(request)
+        authorization = request.headers.get("authorization") or (f"Bearer {key}" if key is not None else None)
+        CALLER.set(Caller(authorization, request.headers.get(FORWARDED_BY)))
+        return tenant
 
-    async def sandbox_caller(request: Request, e2b_sandbox_id: Annotated[str, Header()] = "") -> tuple[str, str]:
-        """The data plane's caller and sandbox: the sandbox's own access token, or a key."""
-        # envd's calls carry the access token, the code interpreter's the "traffic" token: both are this one.
-        token = request.headers.get("x-access-token") or request.headers.get("e2b-traffic-access-token")
-        if token is not None:  # an Authorization beside it names envd's user (Basic "user:"), not a key
-            return auth.tenant_of_access_token(token, e2b_sandbox_id), e2b_sandbox_id
-        return await api_key(request), e2b_sandbox_id
+    async def sandbox_caller(request: Request) -> tuple[str, str]:
+        """The data plane's caller and sandbox, as envd's services take them (``SandboxCalls.caller``)."""
+        return await calls.caller(request.headers)
 
     Tenant = Annotated[str, Depends(api_key)]
     Sandbox = Annotated[tuple[str, str], Depends(sandbox_caller)]
 
     def described(info: SessionInfo, tenant: str, detail: bool = True) -> dict[str, Any]:
+        token = auth.access_token(tenant, info.session_id)
         body: dict[str, Any] = {
             "templateID": info.labels.get(TEMPLATE_LABEL, "base"),
             "sandboxID": info.session_id,
             "clientID": info.node_id,
             "envdVersion": ENVD_VERSION,
-            "envdAccessToken": auth.access_token(tenant, info.session_id),
-            "trafficAccessToken": auth.access_token(tenant, info.session_id),
+            "envdAccessToken": token,
+            "trafficAccessToken": token,  # what the code interpreter sends: the same token
         }
         if detail:
             cpus = max(1, int(getattr(python, "cpu_cores", 1)))
@@ -192,8 +186,8 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             raise BadRequest(f"envVars could not be set: {result.error.message if result.error else ''}")
 
     def labels_of(metadata: dict[str, str], template: str) -> dict[str, str]:
-        if reserved := [k for k in metadata if k.startswith("sandboxd.e2b/")]:
-            raise BadRequest(f"metadata: {reserved[0]!r}: names under sandboxd.e2b/ are the facade's own")
+        if reserved := [k for k in metadata if k.startswith(OWN_PREFIX)]:
+            raise BadRequest(f"metadata: {reserved[0]!r}: names under {OWN_PREFIX} are the facade's own")
         try:
             return _checked_labels({**metadata, TEMPLATE_LABEL: template})
         except ValueError as exc:
@@ -234,6 +228,10 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     async def listing(tenant: str, request: Request) -> Response:
         query = request.query_params
+        try:
+            limit = int(query.get("limit") or 0)
+        except ValueError:
+            raise BadRequest(f"limit: a whole number, not {query.get('limit', '')[:40]!r}") from None
         if query.get("state") and "running" not in query.getlist("state") and "running" not in query["state"]:
             return json_response([])  # nothing here is ever paused
         wanted: dict[str, str] = {}
@@ -241,23 +239,22 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             for k, v in urllib.parse.parse_qsl(raw, keep_blank_values=True):
                 wanted[urllib.parse.unquote(k)] = urllib.parse.unquote(v)
         template = query.get("template")
-        selected = await gateway.select_sessions(tenant, {**wanted}, "list") if wanted else None
-        if selected is None:  # every sandbox of the tenant: they all carry the template label
-            selected = {"sessions": []}
-            for name in TEMPLATES:
-                part = await gateway.select_sessions(tenant, {TEMPLATE_LABEL: name}, "list")
-                selected["sessions"].extend(part["sessions"])
-        found = []
-        for raw_info in selected["sessions"]:
-            info = SessionInfo.model_validate(raw_info)
-            if TEMPLATE_LABEL in info.labels and (template is None or info.labels[TEMPLATE_LABEL] == template):
-                found.append(described(info, tenant))
-        found.sort(key=lambda d: d["startedAt"], reverse=query.get("order", "desc") != "asc")
-        try:
-            limit = int(query.get("limit") or 0)
-        except ValueError:
-            raise BadRequest(f"limit: a whole number, not {query.get('limit', '')[:40]!r}") from None
-        return json_response(found[:limit] if limit > 0 else found)
+        if wanted:
+            sessions = (await gateway.select_sessions(tenant, wanted, "list"))["sessions"]
+        else:  # every sandbox of the tenant: each carries its template's label
+            sessions = [
+                found
+                for name in TEMPLATES
+                for found in (await gateway.select_sessions(tenant, {TEMPLATE_LABEL: name}, "list"))["sessions"]
+            ]
+        infos = [SessionInfo.model_validate(raw) for raw in sessions]
+        listed = [
+            described(info, tenant)
+            for info in infos
+            if TEMPLATE_LABEL in info.labels and (template is None or info.labels[TEMPLATE_LABEL] == template)
+        ]
+        listed.sort(key=lambda d: d["startedAt"], reverse=query.get("order", "desc") != "asc")
+        return json_response(listed[:limit] if limit > 0 else listed)
 
     @control.get("/v2/sandboxes")
     async def list_sandboxes(request: Request, tenant: Tenant) -> Response:
@@ -275,25 +272,25 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         await gateway.select_sessions(tenant, {PARENT_LABEL: sandbox_id}, "close")
         return Response(status_code=204)
 
+    async def ends_in(sandbox_id: str, tenant: str, seconds: int) -> SessionInfo:
+        """The sandbox ends ``seconds`` from now (at least 1; within the node's session TTL from its creation)."""
+        await sandbox_info(tenant, sandbox_id)
+        return await gateway.set_timeout(sandbox_id, tenant, float(max(seconds, 1)))
+
     @control.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
     async def set_timeout(sandbox_id: str, req: Timeout, tenant: Tenant) -> Response:
-        """The sandbox ends ``timeout`` seconds from now (within the node's session TTL from its creation)."""
-        await sandbox_info(tenant, sandbox_id)
-        await gateway.set_timeout(sandbox_id, tenant, float(max(req.timeout, 1)))
+        await ends_in(sandbox_id, tenant, req.timeout)
         return Response(status_code=204)
 
     @control.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
     async def refresh(sandbox_id: str, req: Refresh, tenant: Tenant) -> Response:
-        await sandbox_info(tenant, sandbox_id)
-        await gateway.set_timeout(sandbox_id, tenant, float(max(req.duration, 1)))
+        await ends_in(sandbox_id, tenant, req.duration)
         return Response(status_code=204)
 
     @control.post("/sandboxes/{sandbox_id}/connect")
     async def connect(sandbox_id: str, req: Timeout, tenant: Tenant) -> Response:
         """A running sandbox, again (its timeout set as asked); E2B would also resume a paused one."""
-        await sandbox_info(tenant, sandbox_id)
-        info = await gateway.set_timeout(sandbox_id, tenant, float(max(req.timeout, 1)))
-        return json_response(described(info, tenant, detail=False))
+        return json_response(described(await ends_in(sandbox_id, tenant, req.timeout), tenant, detail=False))
 
     @control.post("/sandboxes/{sandbox_id}/pause")
     async def pause(sandbox_id: str, tenant: Tenant) -> Response:
@@ -392,13 +389,12 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         path = request.query_params.get("path") or ""
         first = await envd_call(tenant, sandbox_id, "read", path=path, offset=0, size=READ_CHUNK)
         try:
-            size = int(first["size"])
-            base64.b64decode(first["data"])
+            size, data = int(first["size"]), base64.b64decode(first["data"])
         except (KeyError, TypeError, ValueError):
-            raise BadRequest("the sandbox's answer was not well-formed (was its interpreter changed?)") from None
+            raise BadRequest(MALFORMED) from None
 
         async def chunks() -> AsyncIterator[bytes]:
-            data = base64.b64decode(first["data"])
+            nonlocal data
             offset = len(data)
             yield data
             while offset < size and data:
@@ -424,7 +420,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             target = single if single and len(parts) == 1 else (part.filename or "")
             relative = await envd_call(tenant, sandbox_id, "writable", path=target)
             if not isinstance(relative, str):
-                raise BadRequest("the sandbox's answer was not well-formed (was its interpreter changed?)")
+                raise BadRequest(MALFORMED)
             staged[relative] = base64.b64encode(await part.read()).decode()  # the same path twice: the last wins
         written = [{"name": r.rsplit("/", 1)[-1], "type": "file", "path": f"/home/user/{r}"} for r in staged]
         result = await calls.step(

@@ -154,10 +154,6 @@ def split_answer(stdout: str, marker: str) -> tuple[str, str | None]:
     return (head, tail.strip()) if found else (stdout, None)
 
 
-def _now_ns() -> int:
-    return time.time_ns()
-
-
 def ndjson(result: dict[str, Any], marker: str) -> bytes:
     """The SDK's lines for a session step's result: stdout, stderr, results, error, execution count."""
     obs = result.get("observation") or {}
@@ -171,7 +167,7 @@ def ndjson(result: dict[str, Any], marker: str) -> bytes:
         except orjson.JSONDecodeError:
             events = {}
     lines: list[dict[str, Any]] = []
-    ts = _now_ns()
+    ts = time.time_ns()
     if stdout:
         lines.append({"type": "stdout", "text": stdout, "timestamp": ts})
     if stderr:

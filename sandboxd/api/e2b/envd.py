@@ -14,7 +14,7 @@ import asyncio
 import base64
 import time
 from base64 import b64decode
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, cast
 
 import orjson
@@ -27,6 +27,7 @@ from protobuf.wkt import Timestamp
 from sandboxd.api.auth import Auth
 from sandboxd.api.e2b.cells import module_cell, new_marker, split_answer
 from sandboxd.api.e2b.envd_driver import ENVD_DRIVER
+from sandboxd.api.e2b.labels import TEMPLATE_LABEL
 from sandboxd.api.e2b.proto import filesystem_pb as fs
 from sandboxd.api.e2b.proto import process_pb as pr
 from sandboxd.api.e2b.proto.filesystem_connect import Filesystem, FilesystemASGIApplication
@@ -89,24 +90,18 @@ class SandboxCalls:
         self.gateway = gateway
         self.auth = auth
 
-    async def caller(self, headers: Any) -> tuple[str, str]:
-        """The tenant and sandbox of a data-plane call: the sandbox's access token (minted for sandboxes only),
-        or a key, in which case the session it names must be one of the key's E2B sandboxes."""
+    async def caller(self, headers: Mapping[str, str]) -> tuple[str, str]:
+        """The tenant and sandbox of a data-plane call (the routes' and envd's): the sandbox's access token
+        (minted for sandboxes only), or a key, in which case the session it names must be one of the key's
+        sandboxes."""
         sandbox_id = headers.get("e2b-sandbox-id") or ""
         if not 0 < len(sandbox_id) <= MAX_ID:
             raise UnknownSession(f"sandbox {sandbox_id[:64]!r} not found")
-        token = headers.get("x-access-token") or headers.get("e2b-traffic-access-token")
-        if token is not None:
-            return self.auth.tenant_of_access_token(token, sandbox_id), sandbox_id
-        key = headers.get("x-api-key")
-        tenant = (
-            self.auth.tenant_of_key(key)
-            if key is not None
-            else self.auth.tenant_of_header(headers.get("authorization") or "")
-        )
-        info = await self.gateway.session_info(sandbox_id, tenant)
-        if not any(k.startswith("sandboxd.e2b/") for k in info.labels):
-            raise UnknownSession(f"sandbox {sandbox_id!r} not found", session_id=sandbox_id)
+        tenant = self.auth.tenant_of_e2b(headers, data_plane=True)
+        if headers.get("x-access-token") is None and headers.get("e2b-traffic-access-token") is None:
+            info = await self.gateway.session_info(sandbox_id, tenant)
+            if TEMPLATE_LABEL not in info.labels:
+                raise UnknownSession(f"sandbox {sandbox_id!r} not found", session_id=sandbox_id)
         return tenant, sandbox_id
 
     async def step(self, tenant: str, sandbox_id: str, action: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -124,6 +119,16 @@ class SandboxCalls:
             if refused is not None:
                 raise refused
             return result.model_dump()
+
+    async def connect_call(self, ctx: RequestContext[Any, Any], name: str, **kwargs: Any) -> tuple[str, str, Any]:
+        """A Connect method's caller, sandbox and driver answer; every failure as Connect's own error."""
+        try:
+            tenant, sandbox_id = await self.caller(ctx.request_headers)
+            return tenant, sandbox_id, await self.call(tenant, sandbox_id, name, **kwargs)
+        except ConnectError:
+            raise
+        except Exception as exc:
+            raise connect_error(exc) from None
 
     async def call(self, tenant: str, sandbox_id: str, name: str, **kwargs: Any) -> Any:
         marker = new_marker()
@@ -189,13 +194,7 @@ class FilesystemService(Filesystem):
         self.calls = calls
 
     async def _call(self, ctx: RequestContext[Any, Any], name: str, **kwargs: Any) -> Any:
-        try:
-            tenant, sandbox_id = await self.calls.caller(ctx.request_headers)
-            return await self.calls.call(tenant, sandbox_id, name, **kwargs)
-        except ConnectError:
-            raise
-        except Exception as exc:
-            raise connect_error(exc) from None
+        return (await self.calls.connect_call(ctx, name, **kwargs))[2]
 
     async def _entry(self, ctx: RequestContext[Any, Any], name: str, **kwargs: Any) -> fs.EntryInfo:
         return shaped(entry_info, await self._call(ctx, name, **kwargs))
@@ -249,13 +248,7 @@ class ProcessService(Process):
         self.calls = calls
 
     async def _call(self, ctx: RequestContext[Any, Any], name: str, **kwargs: Any) -> tuple[str, str, Any]:
-        try:
-            tenant, sandbox_id = await self.calls.caller(ctx.request_headers)
-            return tenant, sandbox_id, await self.calls.call(tenant, sandbox_id, name, **kwargs)
-        except ConnectError:
-            raise
-        except Exception as exc:
-            raise connect_error(exc) from None
+        return await self.calls.connect_call(ctx, name, **kwargs)
 
     async def _pid(self, ctx: RequestContext[Any, Any], selector: pr.ProcessSelector | None) -> int:
         chosen = selector.selector if selector is not None else None
