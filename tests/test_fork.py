@@ -138,7 +138,7 @@ async def test_bad_forks_are_the_clients_errors(http: httpx.AsyncClient) -> None
     assert "fork_max_copies" in (await http.post(f"/sessions/{src}/fork", json={"n": 17})).json()["error"]["message"]
     r = await http.post("/sessions/s_nothing.nowhere/fork", json={"n": 1})
     assert r.status_code == 404
-    for runner in ("python", "sql"):
+    for runner in ("sql",):
         sid = (await http.post("/sessions", json={"runner": runner})).json()["session_id"]
         r = await http.post(f"/sessions/{sid}/fork", json={"n": 2})
         assert r.status_code == 422 and "cannot be forked" in r.json()["error"]["message"], r.text

@@ -67,11 +67,4 @@ KIND = RunnerKind(
     runner="sandboxd.runners.python.runner:PythonRunner",
     admit=_admit,
     describe=describe,
-    no_fork=(
-        "python sessions cannot be forked yet: the interpreter's state lives in a process that runs the tenant's "
-        "code with every capability dropped and namespace creation forbidden by seccomp, so no copy of it can "
-        "get a pid, network and mount namespace of its own without lifting that ban for the program too "
-        "(docs/api.md, 'Forking a session'). Fork tools, textgame and browser sessions; for python, create G "
-        "sessions and replay the setup cells"
-    ),
 )

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 JAILSIDE_DIR = Path(__file__).parent / "jailside"
 JAILSIDE_MOUNT = "/opt/sandboxd/jailside"
 ENVS_MOUNT = "/opt/sandboxd/envs"
+FORK_ROOT = "/forks"  # jailside/forking.py: where a forked session's copies keep their files
 THREAD_POOL_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 SANDBOX_READY_TIMEOUT_S = 10.0
 
@@ -98,6 +99,8 @@ def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str =
     ]
     if mode == "session":  # where each session sees its /tmp again (the executor binds it): E2B's home
         mounts.append(MountPt(dst=SESSION_HOME, fstype="tmpfs", rw=False, is_dir=True, options="size=4k,mode=0755"))
+        # ... and where each session mounts a tmpfs for the copies a fork makes of it
+        mounts.append(MountPt(dst=FORK_ROOT, fstype="tmpfs", rw=False, is_dir=True, options="size=4k,mode=0755"))
     envs = jail_environments(cfg)
     mounts += [MountPt(src=env.site, dst=env_path(env), is_bind=True) for _, env in envs if env_path(env) != env.site]
     served = [[env_path(env), cfg.preload.get(name, [])] for name, env in envs]

@@ -20,14 +20,23 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError, SessionLost, UnknownSession
-from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
+from sandboxd.runners.base import (
+    ProgramFailure,
+    RunnerContext,
+    StepLimits,
+    StepOutcome,
+    refuse_at_session_cap,
+    refuse_fork_at_cap,
+)
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot, Counters
+from sandboxd.runners.python import fork
 from sandboxd.runners.python.config import (
     SESSION_ZYGOTE_BYTES,
     SLOT_HEADROOM_BYTES,
     SLOT_OVERHEAD_PIDS,
     PythonRunnerConfig,
 )
+from sandboxd.runners.python.fork import Lineage
 from sandboxd.runners.python.jail import Executor, Jail, Output, jail_environments, run_step
 from sandboxd.runners.python.jailside import wire
 from sandboxd.runners.python.models import MAX_FILES, PythonAction, PythonObservation, PythonSessionOptions
@@ -79,6 +88,8 @@ class Session:
     steps: int = 0
     env: str | None = None  # its environment, set by its first step
     keep_processes: bool = False  # what its cells start outlives them (PythonSessionOptions)
+    lineage: Lineage | None = None  # a fork's namespaces it lives in (a copy, or a source after its fork)
+    workdir: str = "/tmp"  # where its files are: a copy's own directory under fork.FORK_ROOT
 
 
 def import_pattern(modules: list[str]) -> re.Pattern[str] | None:
@@ -183,7 +194,9 @@ class PythonRunner:
             "limit_pids": 0,
             "node_pressure": 0,  # steps stopped by a limit above the sandbox's own, or starved
             "warm_imports": 0,  # one-shots forked from an environment's template, its preloads imported
+            "forks": 0,
         }
+        self._fork_refusal = fork.host_refusal()
 
     def capacity(self) -> int:
         return self.cfg.slots_per_worker
@@ -694,7 +707,9 @@ class PythonRunner:
             if not sess.executor.alive():
                 await self._drop_session(sess)
                 raise SessionLost(f"session {session_id}: its sandbox is gone")
-            snap = await asyncio.to_thread(read_workdir, sess.executor.host_pid, MAX_FILES, self.cfg.max_files_bytes)
+            snap = await asyncio.to_thread(
+                read_workdir, sess.executor.host_pid, MAX_FILES, self.cfg.max_files_bytes, sess.workdir
+            )
         given = dict(zip(action.files, (data for _, data in action.file_bytes()), strict=True))
         files = {**snap.files, **given}
         if sum(len(v) for v in files.values()) > self.cfg.max_files_bytes:
@@ -712,6 +727,91 @@ class PythonRunner:
             outcome.observation.session_files_skipped = snap.skipped
         return outcome
 
+    async def fork_session(self, source_id: str, new_ids: list[str]) -> list[str]:
+        """Copies of the session's interpreter and files (``fork.py``, ``jailside/forking.py``); all or none."""
+        sess = self.sessions.get(source_id)
+        if sess is None:
+            raise UnknownSession(f"no Python session {source_id} on worker {self.name}")
+        if self._fork_refusal:
+            raise BadRequest(self._fork_refusal)
+        n = len(new_ids)
+        if n > fork.COPIES_MAX:
+            raise BadRequest(f"n: python sessions fork at most {fork.COPIES_MAX} copies at once")
+        refuse_fork_at_cap("python", len(self.sessions), n, self.cfg.max_sessions_per_worker, source_id)
+        sj = next(j for j in self.session_jails if j.jail is sess.jail)
+        async with sess.lock:
+            if not sess.executor.alive():
+                await self._drop_session(sess)
+                raise SessionLost(f"session {source_id}: its sandbox is gone")
+            groups: list[CgroupGroup] = []
+            try:
+                # The members are born in the source's group and moved out one by one: room for them there,
+                # and for what their birth charges (page tables, kernel stacks) which stays charged there.
+                _, limit = sess.cgroup.memory()
+                sess.cgroup.set_limits(
+                    (limit or self.cfg.memory_mb << 20) + (n + 1) * fork.BIRTH_BYTES, self.cfg.pids_max + n + 1
+                )
+                for _ in range(n + 1):
+                    self._sandbox_seq += 1
+                    groups.append(sj.host.child(f"x{self._sandbox_seq}"))
+                    groups[-1].set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
+                    groups[-1].set_cpu(self.cfg.cpu_cores)
+                lineage, members = await fork.fork(sess.executor, sess.cgroup, n, groups, sess.keep_processes)
+            except (BadRequest, fork.NotForked):
+                for cg in groups:
+                    await self._remove_cgroup(cg)
+                raise
+            except (SandboxSetupError, wire.WireError, OSError, TimeoutError) as exc:
+                for cg in groups:
+                    await self._remove_cgroup(cg)
+                await self._drop_session(sess)
+                raise SessionLost(f"session {source_id}: its fork broke off ({exc!r}); the session is gone") from exc
+            cont, copies = members[0], [m for m in members[1:] if isinstance(m, fork.Member)]
+            if not isinstance(cont, fork.Member) or len(copies) != n:
+                failed = next(m for m in members if not isinstance(m, fork.Member))
+                for m in copies:
+                    m.executor.close()
+                for cg in groups[1:]:
+                    await self._remove_cgroup(cg)
+                if not isinstance(cont, fork.Member):  # the source's own continuation did not start
+                    lineage.close()
+                    await self._remove_cgroup(groups[0])
+                    self.sessions.pop(source_id, None)
+                    await self._remove_cgroup(sess.cgroup)
+                    raise SessionLost(f"session {source_id}: its fork broke off ({failed!r}); the session is gone")
+                self._rebase(sess, lineage, cont)
+                raise SandboxSetupError(f"python: a copy of session {source_id} did not start: {failed!r}")
+            self._rebase(sess, lineage, cont)
+            for sid, m in zip(new_ids, copies, strict=True):
+                lineage.members.add(sid)
+                self.sessions[sid] = Session(
+                    sid,
+                    m.executor,
+                    m.cgroup,
+                    sess.jail,
+                    steps=sess.steps,
+                    env=sess.env,
+                    lineage=lineage,
+                    workdir=m.workdir,
+                )
+            self.stats["forks"] += 1
+        return [
+            f"python: each copy works in a directory of its own ({copies[0].workdir}, ...: a copy of the source's "
+            "/tmp, with TMPDIR and HOME there), not in /tmp: the copies share the source's namespaces and each is "
+            "confined to its own files by Landlock",
+            "python: after a fork neither the source nor its copies have TCP or UDP sockets, SysV IPC or writes "
+            "to /dev/shm (what they share); named unix sockets cannot be made",
+            "python: open files under /tmp were reopened on each copy's files at the same offset; other open "
+            "descriptors (sockets, pipes) read and write /dev/null in the copies",
+            "python: random, numpy and sympy generators are reseeded in each copy; the source keeps its state",
+            "python: a forked session, and each copy, cannot be forked again",
+        ]
+
+    def _rebase(self, sess: Session, lineage: Lineage, continuation: fork.Member) -> None:
+        """The source goes on in its continuation; its old process holds the namespaces."""
+        sess.executor, sess.cgroup, sess.lineage = continuation.executor, continuation.cgroup, lineage
+        lineage.members.add(sess.session_id)
+
     async def close_session(self, session_id: str) -> None:
         sess = self.sessions.get(session_id)
         if sess is not None:
@@ -721,6 +821,12 @@ class PythonRunner:
         self.sessions.pop(sess.session_id, None)
         sess.executor.close()
         await self._remove_cgroup(sess.cgroup)
+        lineage = sess.lineage
+        if lineage is not None:
+            lineage.members.discard(sess.session_id)
+            if not lineage.members:  # the last one out closes the namespaces
+                lineage.close()
+                await self._remove_cgroup(lineage.cgroup)
 
     async def _remove_cgroup(self, cg: CgroupGroup) -> None:
         if not await asyncio.to_thread(cg.remove):

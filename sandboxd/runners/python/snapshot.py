@@ -43,13 +43,13 @@ def _openat2(dirfd: int, path: str, flags: int) -> int:
     return int(fd)
 
 
-def read_workdir(pid: int, max_files: int, max_bytes: int) -> Snapshot:
+def read_workdir(pid: int, max_files: int, max_bytes: int, workdir: str = WORKDIR) -> Snapshot:
     """The regular files under the session's ``/tmp`` (relative paths), at most ``max_files`` and
     ``max_bytes`` in all; ``SessionLost`` when its process is gone."""
     if platform.system() != "Linux":
         raise SessionLost("a session's files can only be read on Linux")
     try:
-        root = os.open(f"/proc/{pid}/root/{WORKDIR}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        root = os.open(f"/proc/{pid}/root/{workdir}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
         raise SessionLost(f"the session's sandbox is gone ({exc.strerror})") from None
     snap = Snapshot()

@@ -247,6 +247,94 @@ def build_filter(machine: str | None = None) -> bytes:
     return b"".join(prog)
 
 
+# A forked session's members share their namespaces (docs/isolation.md, "Forked python sessions"); Landlock
+# scopes their files, signals, abstract sockets and TCP. What it leaves open between them is closed here:
+# inet sockets (UDP between members), SysV IPC (one IPC namespace), and calls that act on another process
+# by pid, or on every process of the user or group (priority, affinity, scheduling, rlimits, I/O priority).
+MEMBER_FAMILIES = (2, 10, 17)  # AF_INET, AF_INET6, AF_PACKET
+_MEMBER_IPC = {
+    "x86_64": (29, 30, 31, 64, 65, 66, 68, 69, 70, 71, 220),
+    "aarch64": (194, 195, 196, 190, 191, 192, 193, 186, 187, 188, 189),
+}
+# call -> the (argument, value) pairs it must have: only this process, never another pid, group or user.
+_MEMBER_SELF_ONLY = {
+    "x86_64": {
+        302: ((0, 0),),  # prlimit64(pid)
+        140: ((0, 0), (1, 0)),  # getpriority(PRIO_PROCESS, 0)
+        141: ((0, 0), (1, 0)),  # setpriority
+        203: ((0, 0),),  # sched_setaffinity
+        204: ((0, 0),),  # sched_getaffinity
+        142: ((0, 0),),  # sched_setparam
+        143: ((0, 0),),  # sched_getparam
+        144: ((0, 0),),  # sched_setscheduler
+        145: ((0, 0),),  # sched_getscheduler
+        148: ((0, 0),),  # sched_rr_get_interval
+        314: ((0, 0),),  # sched_setattr
+        315: ((0, 0),),  # sched_getattr
+        251: ((0, 1), (1, 0)),  # ioprio_set(IOPRIO_WHO_PROCESS, 0)
+        252: ((0, 1), (1, 0)),  # ioprio_get
+        256: ((0, 0),),  # migrate_pages
+        279: ((0, 0),),  # move_pages
+        312: ((0, 0),),  # kcmp: never across processes
+        438: ((0, -1),),  # pidfd_getfd: never
+        440: ((0, -1),),  # process_madvise: never
+    },
+    "aarch64": {
+        261: ((0, 0),),
+        141: ((0, 0), (1, 0)),
+        140: ((0, 0), (1, 0)),
+        122: ((0, 0),),
+        123: ((0, 0),),
+        118: ((0, 0),),
+        121: ((0, 0),),
+        119: ((0, 0),),
+        120: ((0, 0),),
+        127: ((0, 0),),
+        274: ((0, 0),),
+        275: ((0, 0),),
+        30: ((0, 1), (1, 0)),
+        31: ((0, 1), (1, 0)),
+        238: ((0, 0),),
+        239: ((0, 0),),
+        272: ((0, 0),),
+        438: ((0, -1),),
+        440: ((0, -1),),
+    },
+}
+_ARCH_NAMES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+
+
+def build_member_filter(machine: str | None = None) -> bytes:
+    """The filter a forked session's member adds to its source's: see ``_MEMBER_SELF_ONLY``."""
+    name = _ARCH_NAMES[(machine or platform.machine()).lower()]
+    arch, table = _TABLES[name]
+    eperm = _RET_ERRNO | errno.EPERM
+    prog = [
+        _insn(_LD_W_ABS, 0, 0, _OFF_ARCH),
+        _insn(_JEQ_K, 1, 0, arch),
+        _insn(_RET_K, 0, 0, _RET_KILL_PROCESS),
+        _insn(_LD_W_ABS, 0, 0, _OFF_NR),
+    ]
+    for nr in _MEMBER_IPC[name]:
+        prog += [_insn(_JEQ_K, 0, 1, nr), _insn(_RET_K, 0, 0, eperm)]
+    prog += [_insn(_JEQ_K, 0, 2 * len(MEMBER_FAMILIES) + 2, table["socket"]), _insn(_LD_W_ABS, 0, 0, _OFF_ARG0_LO)]
+    for family in MEMBER_FAMILIES:
+        prog += [_insn(_JEQ_K, 0, 1, family), _insn(_RET_K, 0, 0, _RET_ERRNO | errno.EACCES)]
+    prog += [_insn(_RET_K, 0, 0, _RET_ALLOW)]
+    for nr, conds in _MEMBER_SELF_ONLY[name].items():
+        body: list[bytes] = []
+        for i, (arg, value) in enumerate(conds):
+            left = len(conds) - i - 1  # conditions after this one, two instructions each
+            body += [
+                _insn(_LD_W_ABS, 0, 0, _OFF_ARG0_LO + 8 * arg),
+                _insn(_JEQ_K, 0, 2 * left + 1, value & 0xFFFFFFFF),
+            ]
+        body += [_insn(_RET_K, 0, 0, _RET_ALLOW), _insn(_RET_K, 0, 0, eperm)]
+        prog += [_insn(_JEQ_K, 0, len(body), nr), *body]
+    prog += [_insn(_RET_K, 0, 0, _RET_ALLOW)]
+    return b"".join(prog)
+
+
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 

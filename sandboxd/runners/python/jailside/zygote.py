@@ -48,9 +48,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # inside the jail these are plain modules beside this file (no sandboxd package there)
-    from sandboxd.runners.python.jailside import seccomp, wire
+    from sandboxd.runners.python.jailside import forking, seccomp, wire
 else:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import forking
     import seccomp
     import wire
 
@@ -153,6 +154,7 @@ SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 JAIL_UID = 65534
 WORKDIR = "/tmp"
 SESSION_HOME = "/home/user"  # sandboxd.constants.SESSION_HOME (this side imports nothing of sandboxd)
+FORK_COPIES_MAX = 64  # sandboxd's fork_max_copies ceiling: the copies' shared tmpfs holds this many /tmp's
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -543,6 +545,9 @@ def _setup_namespaces(tmpfs_bytes: int, session: bool) -> int:
         _loopback_up()
         if os.path.isdir(SESSION_HOME):  # the session jail's mount point: its /tmp under E2B's name too
             _mount(WORKDIR, SESSION_HOME, "", MS_BIND | MS_NOSUID | MS_NODEV)
+        if os.path.isdir(forking.FORK_ROOT):  # where the copies of a fork keep their files (forking.py)
+            size = tmpfs_bytes * (FORK_COPIES_MAX + 1)
+            _mount("tmpfs", forking.FORK_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0700")
     # Opened now: once not dumpable, /proc/self belongs to root and could not be opened for writing.
     oom_adj = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
     _libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no /proc/1/mem for its descendants
@@ -736,7 +741,7 @@ def _fresh_main(script: str | None = None, site: str | None = None) -> dict[str,
     environment, if any, last on the path, where site-packages would be."""
     import types
 
-    for name in [m for m in sys.modules if m in ("seccomp", "wire", "__mp_main__")]:
+    for name in [m for m in sys.modules if m in ("seccomp", "wire", "landlock", "forking", "__mp_main__")]:
         del sys.modules[name]
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins  # the real module: the program's own, to change as it likes
@@ -939,38 +944,75 @@ def _session_loop(sock: socket.socket, req: dict[str, Any], body: bytes, site: s
     sigint = {signal.SIGINT}
     _hold(sigint)
     while True:
-        if req.get("op") == "close":
+        op = req.get("op")
+        if op == "close":
             return 0
-        cell += 1
         tag = req.get("tag")
         tag = tag if type(tag) is int else 0
-        try:
-            code, stdin = _stage(req, body)
-        except (OSError, ValueError) as exc:
-            reply = _json_encode({"op": "stage_error", "error": str(exc), "tag": tag}).encode()
-        else:
-            _limits(req, session=True)
-            _sys.stdin = _TextIOWrapper(_BytesIO(stdin), encoding="utf-8")
-            if signal.SIGINT in _sigpending():
-                _sigtimedwait(sigint, 0)  # an interrupt meant for an earlier cell
-            rc = 1
+        reply: bytes | None
+        if op == "fork":
             try:
-                _sigmask(signal.SIG_UNBLOCK, sigint)
-                rc = _exec_code(code, namespace, f"<cell {cell}>")
-            except BaseException:  # the deadline's interrupt, landing between the cell's end and here
-                pass
-            _hold(sigint)
-            _flush()
-            if req.get("keep") is True:
-                _reap_exited()
+                why, member = _fork(sock, req, tag)
+            except forking.ForkFailed as exc:
+                why, member, op = str(exc), None, "fork_failed"
+            except BaseException:  # the worker broke off, or the descriptors never came: this session ends
+                return 0
             else:
-                _reap_strays()
-            reply = b'{"op":"done","exit_code":%d,"tag":%d}' % (rc, tag)
+                op = "fork_refused"
+            if member is None:
+                reply = _json_encode({"op": op, "error": why, "tag": tag}).encode()
+            else:
+                sock, reply = member, None  # a member: its own channel now, already greeted
+        else:
+            cell += 1
+            reply = _cell(req, body, namespace, cell, tag, sigint)
         try:
-            _send(sock, reply)
+            if reply is not None:
+                _send(sock, reply)
             req, body = _recv_frame(sock)
         except BaseException:  # the worker closed the channel, or the program broke it (its own session)
             return 0
+
+
+def _cell(
+    req: dict[str, Any], body: bytes, namespace: dict[str, Any], cell: int, tag: int, sigint: set[signal.Signals]
+) -> bytes:
+    try:
+        code, stdin = _stage(req, body)
+    except (OSError, ValueError) as exc:
+        return _json_encode({"op": "stage_error", "error": str(exc), "tag": tag}).encode()
+    _limits(req, session=True)
+    _sys.stdin = _TextIOWrapper(_BytesIO(stdin), encoding="utf-8")
+    if signal.SIGINT in _sigpending():
+        _sigtimedwait(sigint, 0)  # an interrupt meant for an earlier cell
+    rc = 1
+    try:
+        _sigmask(signal.SIG_UNBLOCK, sigint)
+        rc = _exec_code(code, namespace, f"<cell {cell}>")
+    except BaseException:  # the deadline's interrupt, landing between the cell's end and here
+        pass
+    _hold(sigint)
+    _flush()
+    if req.get("keep") is True:
+        _reap_exited()
+    else:
+        _reap_strays()
+    return b'{"op":"done","exit_code":%d,"tag":%d}' % (rc, tag)
+
+
+def _fork(sock: socket.socket, req: dict[str, Any], tag: int) -> tuple[str, socket.socket | None]:
+    """A fork request between cells (``forking.py``): a refusal's reason, or, in a member, its channel."""
+    n = req.get("n")
+    why = forking.refusal(req.get("keep") is True)
+    if why is None and not (type(n) is int and 1 <= n <= FORK_COPIES_MAX):
+        why = f"n must be 1..{FORK_COPIES_MAX}"
+    if why is not None or type(n) is not int:
+        return str(why), None
+    _send(sock, _json_encode({"op": "fork_ready", "tag": tag}).encode())
+    fds = forking.recv_fds(sock, 3 * (n + 1))
+    member = forking.fork_group(sock, n, fds, _reseed)
+    _stdin(b"")  # fd 0: a memfd of its own, not the source's
+    return "", member
 
 
 def _hold(signals: set[signal.Signals]) -> None:

@@ -1,0 +1,217 @@
+"""The worker's side of forking a python session (the jail's side is ``jailside/forking.py``).
+
+A fork turns the session's process into its namespaces' holder and leaves
+``n + 1`` members in them: the copies and the source's continuation. Each
+member gets from here its channel and output pipes (passed through the source's
+channel), a cgroup of its own (joined before it copies a byte), and a pidfd;
+the holder reports how each member ended, since only a parent can wait for a
+process. The namespaces, and the holder, last until their last member closes.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import json
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandboxd.errors import BadRequest, SandboxSetupError
+from sandboxd.runners.cgroups import CgroupGroup
+from sandboxd.runners.python.jail import (
+    SANDBOX_READY_TIMEOUT_S,
+    SESSION_REPLY_MAX_HEADER_BYTES,
+    Executor,
+    _recvmsg,
+    recv_frame,
+)
+from sandboxd.runners.python.jailside import landlock, wire
+
+BIRTH_BYTES = 2 << 20  # charged to the source's group per member born there (page tables of ~200 MB, a stack)
+COPIES_MAX = 64  # jailside zygote.FORK_COPIES_MAX: the copies' shared tmpfs is sized for this many
+MEMBER_READY_MAX_HEADER_BYTES = 4096
+# What a member's harness reports when it is ready; the worker trusts its word on paths only.
+LOST = {"exit_code": None, "signal": None, "lost": True}
+# A member's working directory, as its harness names it: read by the worker (grading) under /proc/PID/root.
+WORKDIR = re.compile(r"/tmp|/forks/[0-9a-f]{24}")
+
+
+def host_refusal() -> str | None:
+    """Why no python session can be forked on this kernel (judged once, in the worker: same kernel)."""
+    version = landlock.abi()
+    if version < landlock.MIN_ABI:
+        return (
+            f"python sessions cannot be forked on this node: its kernel's Landlock ABI is {version}, and a copy "
+            f"confines itself with Landlock ABI {landlock.MIN_ABI} (Linux 6.12: signal and abstract-socket "
+            "scoping); fork tools, textgame and browser sessions, or create sessions and replay the setup cells"
+        )
+    return None
+
+
+class NotForked(SandboxSetupError):
+    """The session could not make its members (the kernel refused a fork): none exists, the session is intact."""
+
+
+@dataclass
+class Lineage:
+    """The namespaces of a forked session: their pid 1 (the holder), its group, and who lives there."""
+
+    holder: Executor
+    cgroup: CgroupGroup
+    members: set[str] = field(default_factory=set)
+    exits: dict[int, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)  # by pid in the namespaces
+    reader: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        """The holder's reports, until it ends: then every member still running ended with it."""
+        try:
+            while True:
+                head, _ = await recv_frame(self.holder.sock, SESSION_REPLY_MAX_HEADER_BYTES, 0)
+                fut = self.exits.get(head.get("pid", -1)) if head.get("op") == "exit" else None
+                if fut is not None and not fut.done():
+                    fut.set_result({k: head.get(k) for k in ("exit_code", "signal", "cpu_s", "max_rss_kb")})
+        except (wire.WireError, OSError):
+            pass
+        finally:
+            for fut in self.exits.values():
+                if not fut.done():
+                    fut.set_result(dict(LOST))
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.cancel()
+        self.holder.close()  # pid 1 of the namespaces: whatever is left there ends with it
+
+
+@dataclass
+class Member:
+    executor: Executor
+    cgroup: CgroupGroup
+    workdir: str
+
+
+@dataclass
+class _Ends:
+    """One member's descriptors: ours to keep, theirs to send."""
+
+    sock: socket.socket
+    out_r: int
+    err_r: int
+    theirs: list[int]
+
+    @classmethod
+    def make(cls) -> _Ends:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # its host pid, with its first frame
+        ours.setblocking(False)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        return cls(ours, out_r, err_r, [theirs.detach(), out_w, err_w])
+
+    def close_theirs(self) -> None:
+        for fd in self.theirs:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.theirs = []
+
+    def close(self) -> None:
+        self.close_theirs()
+        self.sock.close()
+        for fd in (self.out_r, self.err_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+async def fork(
+    source: Executor, source_cgroup: CgroupGroup, n: int, cgroups: list[CgroupGroup], keep: bool
+) -> tuple[Lineage, list[Member | BaseException]]:
+    """Fork ``source`` into its continuation (index 0) and ``n`` copies, member i in ``cgroups[i]``.
+
+    ``BadRequest`` when the session refused (threads running, forked before...): nothing changed then.
+    ``SandboxSetupError`` when the fork broke before its members existed: the session's process is then in
+    no known state. Otherwise the lineage (its holder is the source's old process) and, per member, a live
+    ``Member`` or what stopped it; the caller keeps or closes each."""
+    loop = asyncio.get_running_loop()
+    tag = int.from_bytes(os.urandom(7), "big")
+    ends = [_Ends.make() for _ in range(n + 1)]
+    try:
+        await loop.sock_sendall(source.sock, wire.encode({"op": "fork", "n": n, "tag": tag, "keep": keep}))
+        async with asyncio.timeout(SANDBOX_READY_TIMEOUT_S):
+            head, _ = await recv_frame(source.sock, SESSION_REPLY_MAX_HEADER_BYTES, 0)
+        if head.get("tag") != tag:
+            raise SandboxSetupError("the session answered its fork with a frame that is not the harness's")
+        if head.get("op") == "fork_refused":
+            raise BadRequest(f"python: {head.get('error')}")
+        if head.get("op") == "fork_failed":
+            raise NotForked(f"python: the session could not fork: {head.get('error')}")
+        if head.get("op") != "fork_ready":
+            raise SandboxSetupError(f"the session answered its fork with {head.get('op')!r}")
+        fds = [fd for e in ends for fd in e.theirs]
+        source.sock.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
+        for e in ends:
+            e.close_theirs()
+        async with asyncio.timeout(SANDBOX_READY_TIMEOUT_S):
+            head, _ = await recv_frame(source.sock, SESSION_REPLY_MAX_HEADER_BYTES, 0)
+        if head.get("op") == "fork_failed" and head.get("tag") == tag:
+            raise NotForked(f"python: the session could not fork: {head.get('error')}")
+        pids = head.get("pids")
+        if head.get("op") != "forked" or not isinstance(pids, list) or len(pids) != n + 1:
+            raise SandboxSetupError(f"the session's fork answered {head!r}")
+    except BaseException:
+        for e in ends:
+            e.close()
+        raise
+    lineage = Lineage(source, source_cgroup)
+    for pid in pids:
+        lineage.exits[int(pid)] = loop.create_future()
+    lineage.start()
+    with contextlib.suppress(OSError):  # pid 1 writes nothing now: the members have pipes of their own
+        os.close(source.out_r)
+        os.close(source.err_r)
+    source.out_r = source.err_r = -1
+    results = await asyncio.gather(
+        *(_greet(e, i, cgroups[i], lineage.exits[int(pids[i])]) for i, e in enumerate(ends)),
+        return_exceptions=True,
+    )
+    for e, r in zip(ends, results, strict=True):
+        if not isinstance(r, Member):
+            e.close()
+    return lineage, list(results)
+
+
+async def _greet(e: _Ends, index: int, cgroup: CgroupGroup, exit_fut: asyncio.Future[dict[str, Any]]) -> Member:
+    """Learn the member's host pid, move it into its group, let it set up; a live ``Member``."""
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(SANDBOX_READY_TIMEOUT_S):
+        await loop.sock_sendall(e.sock, wire.encode({"op": "hello"}))
+        data, anc = await _recvmsg(e.sock, MEMBER_READY_MAX_HEADER_BYTES, socket.CMSG_SPACE(12))
+        host_pid = 0
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                host_pid = int.from_bytes(payload[:4], "little", signed=True)
+        if len(data) < wire.PREFIX.size:
+            raise SandboxSetupError(f"member {index} sent {len(data)} bytes instead of its first frame")
+        head_len, _ = wire.decode_prefix(data[: wire.PREFIX.size])
+        first = json.loads(data[wire.PREFIX.size : wire.PREFIX.size + head_len])
+        if first.get("op") != "member" or first.get("index") != index or host_pid <= 0:
+            raise SandboxSetupError(f"member {index} introduced itself as {first!r} (pid {host_pid})")
+        pidfd = os.pidfd_open(host_pid)
+        executor = Executor(-1, e.sock, e.out_r, e.err_r, pidfd, host_pid, exit_fut)
+        try:
+            await asyncio.to_thread(cgroup.add, host_pid)
+            await loop.sock_sendall(e.sock, wire.encode({"op": "go"}))
+            ready, _ = await recv_frame(e.sock, MEMBER_READY_MAX_HEADER_BYTES, 0)
+            if ready.get("op") != "member_ready" or not WORKDIR.fullmatch(str(ready.get("dir"))):
+                raise SandboxSetupError(f"member {index} did not set up: {ready!r}")
+        except BaseException:
+            executor.kill()  # its descriptors are the caller's to close (``_Ends.close``)
+            os.close(pidfd)
+            raise
+        return Member(executor, cgroup, str(ready["dir"]))
