@@ -305,7 +305,11 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     @control.post("/sandboxes/{sandbox_id}/fork")
     async def fork(sandbox_id: str, tenant: Tenant) -> Response:
         await sandbox_info(tenant, sandbox_id)
-        raise NotServed("fork of a python sandbox is not served yet: its interpreter state lives in one process")
+        raise NotServed(
+            "fork of an E2B sandbox is not served: its copies would share one /home/user (a python session's "
+            "copies share its namespaces and each works in a directory of its own); native python sessions "
+            "fork with POST /sessions/{id}/fork"
+        )
 
     # ------------------------------------------------------------------ data plane
 

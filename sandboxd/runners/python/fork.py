@@ -23,6 +23,7 @@ from typing import Any
 from sandboxd.errors import BadRequest, SandboxSetupError
 from sandboxd.runners.cgroups import CgroupGroup
 from sandboxd.runners.python.jail import (
+    FORK_ROOT,
     SANDBOX_READY_TIMEOUT_S,
     SESSION_REPLY_MAX_HEADER_BYTES,
     Executor,
@@ -37,7 +38,7 @@ MEMBER_READY_MAX_HEADER_BYTES = 4096
 # What a member's harness reports when it is ready; the worker trusts its word on paths only.
 LOST = {"exit_code": None, "signal": None, "lost": True}
 # A member's working directory, as its harness names it: read by the worker (grading) under /proc/PID/root.
-WORKDIR = re.compile(r"/tmp|/forks/[0-9a-f]{24}")
+WORKDIR = re.compile(rf"/tmp|{FORK_ROOT}/[0-9a-f]{{24}}")
 
 
 def host_refusal() -> str | None:

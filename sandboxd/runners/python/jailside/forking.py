@@ -115,11 +115,15 @@ def fork_group(sock: socket.socket, n: int, fds: list[int], reseed: Callable[[],
     reports the members' pids and becomes the holder."""
     global _forked
     pids: list[int] = []
+    rng = sys.modules.get("random")
+    rng_state = rng.getstate() if rng is not None else None  # random reseeds every fork child (an at-fork hook)
     try:
         for i in range(n + 1):
             pid = os.fork()
             if pid == 0:
                 _forked = True
+                if i == 0 and rng is not None:
+                    rng.setstate(rng_state)  # the source goes on untouched, its generator too
                 try:
                     return _member(sock, i, fds, reseed)
                 except BaseException:
