@@ -138,11 +138,6 @@ async def test_bad_forks_are_the_clients_errors(http: httpx.AsyncClient) -> None
     assert "fork_max_copies" in (await http.post(f"/sessions/{src}/fork", json={"n": 17})).json()["error"]["message"]
     r = await http.post("/sessions/s_nothing.nowhere/fork", json={"n": 1})
     assert r.status_code == 404
-    for runner in ("sql",):
-        sid = (await http.post("/sessions", json={"runner": runner})).json()["session_id"]
-        r = await http.post(f"/sessions/{sid}/fork", json={"n": 2})
-        assert r.status_code == 422 and "cannot be forked" in r.json()["error"]["message"], r.text
-        await http.delete(f"/sessions/{sid}")
     await http.delete(f"/sessions/{src}")
     r = await http.post(f"/sessions/{src}/fork", json={"n": 1})
     assert r.status_code == 404 and "ended" in r.json()["error"]["message"]
@@ -171,3 +166,59 @@ async def test_client_group_prepare_fork_step_collect(node: str) -> None:
                 for s in f.json()["sessions"]:
                     await h.delete(f"/sessions/{s['session_id']}")
             await h.delete(f"/sessions/{src}")
+
+
+async def sql(http: httpx.AsyncClient, sid: str, query: str) -> dict[str, Any]:
+    r = await step_ok(http, "sql", {"query": query}, sid)
+    assert r["observation"]["error"] is None, r
+    obs: dict[str, Any] = r["observation"]
+    return obs
+
+
+SQL_SETUP = [
+    "CREATE TEMP TABLE t(id INTEGER PRIMARY KEY, price DECIMAL(10,2), day DATE, tags VARCHAR[], "
+    "info STRUCT(k VARCHAR, v DOUBLE), raw BLOB, stamp TIMESTAMPTZ, big HUGEINT, u UUID, x DOUBLE)",
+    "INSERT INTO t VALUES (1, 9.99, DATE '2024-02-29', ['a', 'b'], {'k': 'q', 'v': 1.5}, '\\xDE\\xAD'::BLOB, "
+    "TIMESTAMPTZ '2024-01-01 10:00:00+00', 170141183460469231731687303715884105727, "
+    "'6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9', 'inf'), (2, NULL, NULL, [], NULL, NULL, NULL, -1, NULL, 'nan')",
+    "CREATE TEMP TABLE cheap AS SELECT n_name FROM nation WHERE n_regionkey = 1",
+    "CREATE TEMP MACRO twice(x) AS x * 2",
+    "CREATE TEMP MACRO firsts(n) AS TABLE SELECT * FROM range(n)",
+    "CREATE TEMP VIEW doubled AS SELECT id, twice(id) AS d FROM t",
+    "CREATE TEMP SEQUENCE ticket START 100",
+    "SELECT nextval('ticket')",
+    "CREATE INDEX t_day ON t(day)",
+    "SET VARIABLE answer = 42",
+]
+SQL_PROBE = (
+    "SELECT (SELECT list(t ORDER BY id)::VARCHAR FROM t) AS t, (SELECT count(*) FROM cheap) AS cheap, "
+    "(SELECT list(d ORDER BY id) FROM doubled) AS d, (SELECT sum(range) FROM firsts(4)) AS f, "
+    "nextval('ticket') AS ticket, getvariable('answer') AS answer"
+)
+
+
+async def test_sql_fork_makes_the_sessions_objects_again_in_each_copy(http: httpx.AsyncClient) -> None:
+    src = (await http.post("/sessions", json={"runner": "sql"})).json()["session_id"]
+    for q in SQL_SETUP:
+        await sql(http, src, q)
+    r = await http.post(f"/sessions/{src}/fork", json={"n": 2})
+    assert r.status_code == 201, r.text
+    copies = [s["session_id"] for s in r.json()["sessions"]]
+    notes = r.json()["notes"]
+    assert any("default parameter" in n for n in notes) and any("PREPARE" in n for n in notes), notes
+    probes = {sid: (await sql(http, sid, SQL_PROBE))["rows"][0] for sid in [src, *copies]}
+    assert probes[copies[0]] == probes[copies[1]] == probes[src], probes  # every value, type and counter
+    assert probes[src][4] == 101 and probes[src][5] == 42 and probes[src][1] == 5
+    # Apart from now on.
+    await sql(http, copies[0], "INSERT INTO t (id) VALUES (3)")
+    await sql(http, src, "DROP VIEW doubled")
+    counts = [(await sql(http, sid, "SELECT count(*) FROM t"))["rows"][0][0] for sid in [src, *copies]]
+    assert counts == [2, 3, 2]
+    assert (await sql(http, copies[1], "SELECT count(*) FROM doubled"))["rows"][0][0] == 2
+    # Too much state is the client's error, naming the table; the source is unchanged by it.
+    await sql(http, src, "CREATE TEMP TABLE huge AS SELECT repeat('x', 1000) AS s FROM range(20000)")
+    r = await http.post(f"/sessions/{src}/fork", json={"n": 1})
+    assert r.status_code == 422 and "huge" in r.json()["error"]["message"], r.text
+    assert (await sql(http, src, "SELECT count(*) FROM huge"))["rows"][0][0] == 20000
+    for sid in [src, *copies]:
+        await http.delete(f"/sessions/{sid}")

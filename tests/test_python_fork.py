@@ -40,7 +40,9 @@ async def http(node: str) -> Any:
 
 
 async def cell(http: httpx.AsyncClient, sid: str, code: str, **fields: object) -> dict[str, Any]:
-    r = await http.post("/rollout/step", json={"runner": "python", "session_id": sid, "action": {"code": code}, **fields})
+    r = await http.post(
+        "/rollout/step", json={"runner": "python", "session_id": sid, "action": {"code": code}, **fields}
+    )
     assert r.status_code == 200, r.text
     data: dict[str, Any] = r.json()
     return data
@@ -120,7 +122,9 @@ async def test_copies_start_from_the_state_and_go_apart(http: httpx.AsyncClient)
     assert len({v[3] for v in seen.values()}) == 4
     # Writes stay where they were made: globals, files, and the file each had open before the fork.
     for i, sid in enumerate([src, *copies]):
-        await out(http, sid, f"data[0] = 'member {i}'\nopen('notes.txt', 'w').write('{i}')\nlog.write('{i};')\nlog.flush()")
+        await out(
+            http, sid, f"data[0] = 'member {i}'\nopen('notes.txt', 'w').write('{i}')\nlog.write('{i};')\nlog.flush()"
+        )
     for i, sid in enumerate([src, *copies]):
         got = await out(http, sid, "print(data[0], open('notes.txt').read(), open('log.txt').read())")
         assert got == f"member {i} {i} before;{i};\n", (i, got)
@@ -227,7 +231,9 @@ async def test_a_copy_past_its_limits_ends_alone(http: httpx.AsyncClient) -> Non
     assert r["observation"]["exit_code"] == 3 and r["observation"]["session_alive"] is False, r  # the holder's word
     assert await out(http, src, "print(kept)") == "yes\n"
     for sid in (hog, calm):
-        assert (await http.post("/rollout/step", json={"runner": "python", "session_id": sid, "action": {"code": "1"}})).status_code == 404
+        assert (
+            await http.post("/rollout/step", json={"runner": "python", "session_id": sid, "action": {"code": "1"}})
+        ).status_code == 404
     await close(http, src, *copies)
 
 
@@ -253,13 +259,17 @@ async def test_what_cannot_be_forked_says_why(http: httpx.AsyncClient) -> None:
         assert r.status_code == 422 and "forks once" in r.json()["error"]["message"], r.text
     await close(http, src, *copies)
     threaded = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
-    await out(http, threaded, "import threading, time\nt = threading.Thread(target=time.sleep, args=(30,), daemon=True)\nt.start()")
+    await out(
+        http,
+        threaded,
+        "import threading, time\nt = threading.Thread(target=time.sleep, args=(30,), daemon=True)\nt.start()",
+    )
     r = await http.post(f"/sessions/{threaded}/fork", json={"n": 2})
     assert r.status_code == 422 and "threads" in r.json()["error"]["message"], r.text
     assert await out(http, threaded, "print(t.is_alive())") == "True\n"  # refused: the session is as it was
-    keeper = (
-        await http.post("/sessions", json={"runner": "python", "options": {"keep_processes": True}})
-    ).json()["session_id"]
+    keeper = (await http.post("/sessions", json={"runner": "python", "options": {"keep_processes": True}})).json()[
+        "session_id"
+    ]
     r = await http.post(f"/sessions/{keeper}/fork", json={"n": 1})
     assert r.status_code == 422 and "keep_processes" in r.json()["error"]["message"], r.text
     await close(http, threaded, keeper)

@@ -13,9 +13,4 @@ KIND = RunnerKind(
     action=SQLAction,
     observation=SQLObservation,
     runner="sandboxd.runners.sql.runner:SQLRunner",
-    no_fork=(
-        "sql sessions cannot be forked: their temp tables, views and macros live in the session's own DuckDB "
-        "engine process, and copying them (data included) into other engine processes is not built; create "
-        "each copy's objects with the same statements"
-    ),
 )

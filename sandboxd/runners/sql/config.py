@@ -37,6 +37,11 @@ class SQLRunnerConfig(RunnerConfig):
     max_result_bytes: int = Field(
         4 << 20, ge=1024, description="Bytes of result rows (as JSON) returned per statement at most; truncated past."
     )
+    fork_max_state_bytes: int = Field(
+        8 << 20,
+        ge=0,
+        description="Bytes (as JSON) of a session's temp tables a fork copies at most; more is a 422 naming the table.",
+    )
     temp_mb: int = Field(
         256,
         ge=0,

@@ -263,12 +263,21 @@ def child_main(sock: socket.socket, cfg: dict[str, Any], req: dict[str, Any]) ->
     os.setresuid(uid, uid, uid)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     executor = Executor()
+    from sandboxd.runners.sql import state  # a fork's export and restore (stdlib only)
+
     send_frame(sock, {"ready": True, "pid": os.getpid()})
+    limit = MAX_REQUEST_BYTES + 2 * int(cfg.get("fork_max_state_bytes", 0))  # a restore carries the state
     while True:
-        request = recv_frame(sock, MAX_REQUEST_BYTES)
+        request = recv_frame(sock, limit)
         if request is None:
             return
-        answer = executor.run(con, request, cfg)
+        op = request.get("op")
+        if op == "export":
+            answer = state.export(con, int(request["max_bytes"]))
+        elif op == "restore":
+            answer = state.restore(con, request["state"])
+        else:
+            answer = executor.run(con, request, cfg)
         send_frame(sock, answer)
         if answer.get("stuck"):
             return  # the statement's thread cannot be stopped: end the process (os._exit below)

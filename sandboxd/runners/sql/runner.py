@@ -19,8 +19,15 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from sandboxd.errors import NodePressure, SandboxSetupError, SessionLost, UnknownSession
-from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
+from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError, SessionLost, UnknownSession
+from sandboxd.runners.base import (
+    ProgramFailure,
+    RunnerContext,
+    StepLimits,
+    StepOutcome,
+    refuse_at_session_cap,
+    refuse_fork_at_cap,
+)
 from sandboxd.runners.cgroups import CgroupRoot, Counters
 from sandboxd.runners.jailconf import JAIL_UID
 from sandboxd.runners.sql import data
@@ -31,6 +38,7 @@ from sandboxd.runners.sql.models import SQLAction, SQLObservation
 ANSWER_MARGIN_S = 2.0  # past timeout + grace, an engine that has not answered is killed by the worker
 REFILL_BACKOFF_S = 1.0
 RECYCLE_AT_MEMORY_FRACTION = 0.25  # a slot engine that keeps more than this, unaccounted, is replaced
+FORK_TIMEOUT_S = 30.0  # reading a session's objects out, or making them in a copy, at most this long
 SPILL_POLL_S = 0.1  # a statement spilling at ~1 GB/s overshoots the budget by at most ~100 MB
 
 
@@ -76,13 +84,14 @@ class SQLRunner:
                 "temp_mb": self.cfg.temp_mb,
                 "max_rows": self.cfg.max_rows,
                 "max_result_bytes": self.cfg.max_result_bytes,
+                "fork_max_state_bytes": self.cfg.fork_max_state_bytes,
                 "grace_s": self.cfg.interrupt_grace_s,
                 "recycle_bytes": int((self.cfg.memory_mb << 20) * RECYCLE_AT_MEMORY_FRACTION),
                 "uid": JAIL_UID,
                 "home_procs": [str(p) for p in self.root.own().procs_files],
             },
             self.temp_root,
-            frame_limit=2 * self.cfg.max_result_bytes + (1 << 20),
+            frame_limit=2 * max(self.cfg.max_result_bytes, self.cfg.fork_max_state_bytes) + (1 << 20),
         )
         await self.host.start()
         engines = await asyncio.gather(*(self._spawn("slot") for _ in range(self.cfg.slots_per_worker)))
@@ -278,6 +287,53 @@ class SQLRunner:
         except BaseException:
             self.busy.pop(session_id, None)
             raise
+
+    async def fork_session(self, source_id: str, new_ids: list[str]) -> list[str]:
+        """What the session made (``state.py``), read from its engine and made again in a fresh engine per
+        copy. DuckDB's thread pool rules out forking the engine process itself."""
+        source = self.sessions.get(source_id)
+        if source is None:
+            raise UnknownSession(f"no sql session {source_id}", session_id=source_id)
+        refuse_fork_at_cap("sql", len(self.busy), len(new_ids), self.cfg.max_sessions_per_worker, source_id)
+        for sid in new_ids:
+            self.busy[sid] = asyncio.Lock()  # hold the places while the engines start
+        made: list[Engine] = []
+        try:
+            async with self.busy[source_id]:
+                try:
+                    state = await source.request(
+                        {"op": "export", "max_bytes": self.cfg.fork_max_state_bytes}, FORK_TIMEOUT_S
+                    )
+                except EngineGone as exc:
+                    await self.close_session(source_id)
+                    raise SessionLost(
+                        f"session {source_id}: its engine ended while its state was read ({exc})"
+                    ) from None
+            if "error" in state:
+                raise BadRequest(f"sql: {state['error']}")
+            spawned = await asyncio.gather(*(self._spawn("s") for _ in new_ids), return_exceptions=True)
+            made = [e for e in spawned if isinstance(e, Engine)]
+            failed = next((e for e in spawned if not isinstance(e, Engine)), None)
+            if failed is not None:
+                raise SandboxSetupError(f"sql: a copy's engine did not start: {failed!r}")
+            answers = await asyncio.gather(
+                *(e.request({"op": "restore", "state": state}, FORK_TIMEOUT_S) for e in made), return_exceptions=True
+            )
+            for answer in answers:
+                if isinstance(answer, BaseException):
+                    raise SandboxSetupError(f"sql: a copy's engine ended while its objects were made: {answer!r}")
+                if "error" in answer:
+                    raise BadRequest(f"sql: {answer['error']}")
+        except BaseException:
+            for sid in new_ids:
+                self.busy.pop(sid, None)
+            for e in made:
+                await e.close()
+            raise
+        for sid, engine in zip(new_ids, made, strict=True):
+            self.sessions[sid] = engine
+        notes: list[str] = state.get("notes") or []
+        return notes
 
     async def close_session(self, session_id: str) -> None:
         engine = self.sessions.pop(session_id, None)
