@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from sandboxd.runners.python import fork
+from sandboxd.runners.python.jail import FORK_ROOT
 from sandboxd.runners.python.jailside import landlock
 from tests.conftest import running_node
 
@@ -118,7 +119,7 @@ async def test_copies_start_from_the_state_and_go_apart(http: httpx.AsyncClient)
         if sid == src:  # the source goes on where it was, its generators untouched
             assert cwd == "/tmp" and same_rng
         else:  # a copy: its own directory, TMPDIR there, generators reseeded
-            assert cwd.startswith(fork.FORK_ROOT + "/") and tmpdir == cwd and not same_rng, (cwd, tmpdir)
+            assert cwd.startswith(FORK_ROOT + "/") and tmpdir == cwd and not same_rng, (cwd, tmpdir)
     assert len({v[3] for v in seen.values()}) == 4
     # Writes stay where they were made: globals, files, and the file each had open before the fork.
     for i, sid in enumerate([src, *copies]):
