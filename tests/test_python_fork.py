@@ -280,3 +280,19 @@ def test_an_old_kernel_is_refused_with_its_reason(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(landlock, "abi", lambda: 5)
     why = fork.host_refusal()
     assert why is not None and "Landlock ABI is 5" in why and "6.12" in why
+
+
+async def test_a_grpo_group_from_the_client(node: str) -> None:
+    from sandboxd.client import SandboxClient
+
+    before = len(holders())
+    async with SandboxClient(node, timeout_s=60) as c:
+        setup = [{"code": "import random\nprompt = 'two plus two'\nseen = []"}]
+        async with await c.group("python", 4, setup=setup) as g:
+            results = await g.step([{"code": f"seen.append({i})\nprint(prompt, seen)"} for i in range(4)])
+            assert [r["observation"]["stdout"] for r in results] == [f"two plus two [{i}]\n" for i in range(4)]
+    for _ in range(50):
+        if len(holders()) == before:
+            break
+        await asyncio.sleep(0.1)
+    assert len(holders()) == before  # the prepared session closed after the fork, the copies with the group
