@@ -65,6 +65,9 @@ class SandboxdError(Exception):
                 raise TypeError(f"error code {cls.code!r} is taken by {other.__qualname__}")
             _BY_CODE[cls.code] = cls
 
+    # Set by a runner whose failed session operation (a fork) ended that session: the worker forgets it.
+    session_ended: bool = False
+
     def __init__(
         self,
         message: str,

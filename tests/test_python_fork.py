@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -296,3 +297,85 @@ async def test_a_grpo_group_from_the_client(node: str) -> None:
             break
         await asyncio.sleep(0.1)
     assert len(holders()) == before  # the prepared session closed after the fork, the copies with the group
+
+
+async def fork_status(http: httpx.AsyncClient, sid: str, n: int = 2) -> httpx.Response:
+    return await http.post(f"/sessions/{sid}/fork", json={"n": n})
+
+
+async def test_what_the_red_team_shared_between_copies_is_not_shared(http: httpx.AsyncClient) -> None:
+    """Found by the red team: a shared mapping made before the fork was one memory for every member; the
+    source kept a /dev/shm file (readable by copies) and a /forks directory (listing the copies) open;
+    netlink user sockets reached a sibling by pid; a copy's files outlived it, charged to nobody."""
+    setup = (
+        "import mmap, os, socket\n"
+        "shared = mmap.mmap(-1, 4096)\n"
+        "shared[:5] = b'start'\n"
+        "shm = open('/dev/shm/chan', 'w+')\n"
+        "forks = os.open('/forks', os.O_RDONLY)\n"
+    )
+    src, (a, b), _ = await forked(http, setup, 2)
+    await out(http, src, "shm.write('from the source'); shm.flush(); shared[:5] = b'SRC!!'")
+    await out(http, a, "shared[:5] = b'AAAAA'")
+    got = [await out(http, sid, "print(bytes(shared[:5]))") for sid in (src, a, b)]
+    assert got == ["b'SRC!!'\n", "b'AAAAA'\n", "b'start'\n"], got
+    probe = (
+        "def attempt(f):\n"
+        "    try:\n"
+        "        return repr(f())\n"
+        "    except OSError as e:\n"
+        "        return e.errno\n"
+        "print(attempt(lambda: open('/dev/shm/chan').read()), attempt(lambda: os.listdir(forks)),"
+        " attempt(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 2)))"
+    )
+    for sid in (src, a):
+        fields = (await out(http, sid, probe)).split()
+        assert fields[0] != "'from the source'" and not fields[1].startswith("["), (sid, fields)
+    assert (await out(http, a, probe)).split()[2] == "13"  # NETLINK_USERSOCK: refused in copies
+    # A closed copy's files go with it.
+    await out(http, b, "open('big', 'wb').write(b'x' * (32 << 20))")
+    holder = max(holders())
+    assert len(os.listdir(f"/proc/{holder}/root/forks")) == 2
+    await close(http, b)
+    assert len(os.listdir(f"/proc/{holder}/root/forks")) == 1
+    await close(http, src, a)
+
+
+async def test_a_fork_the_sessions_own_code_subverts_is_refused_and_blamed_on_it(http: httpx.AsyncClient) -> None:
+    """Found by the red team: a thread started by an at-fork hook kept every right (Landlock confines the
+    calling thread); a harness patched through gc confined nothing; a bound unix socket stayed reachable by
+    its path. Each is refused and blamed on the client; a hook that holds the fork closes the session."""
+    hooked = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
+    await out(
+        http,
+        hooked,
+        "import os, threading, time\n"
+        "os.register_at_fork(after_in_child=lambda: threading.Thread(target=time.sleep, args=(60,)).start())",
+    )
+    r = await fork_status(http, hooked)
+    assert r.status_code == 422 and "threads" in r.json()["error"]["message"], r.text
+    patched = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
+    await out(
+        http,
+        patched,
+        "import gc, types\n"
+        "for m in gc.get_objects():\n"
+        "    if isinstance(m, types.ModuleType) and m.__name__ == 'seccomp':\n"
+        "        m.install = lambda *a, **k: None",
+    )
+    r = await fork_status(http, patched)
+    assert r.status_code == 422 and "did not confine itself" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["blame"] == "client"
+    # Its own continuation did not confine itself either: the session ended with it, said on its next step.
+    r = await http.post("/rollout/step", json={"runner": "python", "session_id": patched, "action": {"code": "1"}})
+    assert r.status_code == 404 and "ended by its fork" in r.json()["error"]["message"], r.text
+    bound = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
+    await out(http, bound, "import socket\nsrv = socket.socket(socket.AF_UNIX)\nsrv.bind('/tmp/s.sock')\nsrv.listen()")
+    r = await fork_status(http, bound)
+    assert r.status_code == 422 and "/tmp/s.sock" in r.json()["error"]["message"], r.text
+    held = (await http.post("/sessions", json={"runner": "python"})).json()["session_id"]
+    await out(http, held, "import os, time\nos.register_at_fork(before=lambda: time.sleep(30))")
+    r = await fork_status(http, held)
+    assert r.status_code == 422 and "did not answer its fork" in r.json()["error"]["message"], r.text
+    assert (await http.get(f"/sessions/{held}")).status_code in (404, 410)
+    await close(http, hooked, patched, bound, held)

@@ -332,6 +332,13 @@ class Worker:
         rec.forking += 1
         try:
             notes: list[str] = await cast(ForkingRunner, run).fork_session(rec.session_id, h["new_ids"])
+        except SessionLost as exc:
+            self._lost(rec, exc.message)
+            raise
+        except SandboxdError as exc:
+            if exc.session_ended:  # the fork ended the source (its own code held or broke it): said from now on
+                await self._forget(rec, f"ended by its fork: {exc.message}")
+            raise
         finally:
             rec.forking -= 1
         rec.last_used = time.monotonic()

@@ -16,6 +16,8 @@ import contextlib
 import json
 import os
 import re
+import shutil
+import signal
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +53,10 @@ def host_refusal() -> str | None:
             "scoping); fork tools, textgame and browser sessions, or create sessions and replay the setup cells"
         )
     return None
+
+
+class Hung(BadRequest):
+    """The session did not answer its fork in time (its own code held it): it is in no known state."""
 
 
 class NotForked(SandboxSetupError):
@@ -135,7 +141,8 @@ async def fork(
 ) -> tuple[Lineage, list[Member | BaseException]]:
     """Fork ``source`` into its continuation (index 0) and ``n`` copies, member i in ``cgroups[i]``.
 
-    ``BadRequest`` when the session refused (threads running, forked before...): nothing changed then.
+    ``BadRequest`` when the session refused (threads running, forked before...): nothing changed then; also
+    when it did not answer in time (its own hooks held it): ``Hung``, and the caller closes it.
     ``SandboxSetupError`` when the fork broke before its members existed: the session's process is then in
     no known state. Otherwise the lineage (its holder is the source's old process) and, per member, a live
     ``Member`` or what stopped it; the caller keeps or closes each."""
@@ -165,6 +172,13 @@ async def fork(
         pids = head.get("pids")
         if head.get("op") != "forked" or not isinstance(pids, list) or len(pids) != n + 1:
             raise SandboxSetupError(f"the session's fork answered {head!r}")
+    except TimeoutError:
+        for e in ends:
+            e.close()
+        raise Hung(
+            f"python: the session did not answer its fork within {SANDBOX_READY_TIMEOUT_S:g} s (its own code ran "
+            "in the fork: an at-fork hook or a signal handler held it); the session is closed"
+        ) from None
     except BaseException:
         for e in ends:
             e.close()
@@ -177,8 +191,9 @@ async def fork(
         os.close(source.out_r)
         os.close(source.err_r)
     source.out_r = source.err_r = -1
+    filters = seccomp_filters(source.host_pid)
     results = await asyncio.gather(
-        *(_greet(e, i, cgroups[i], lineage.exits[int(pids[i])]) for i, e in enumerate(ends)),
+        *(_greet(e, i, source_cgroup, cgroups[i], lineage.exits[int(pids[i])], filters) for i, e in enumerate(ends)),
         return_exceptions=True,
     )
     for e, r in zip(ends, results, strict=True):
@@ -187,32 +202,93 @@ async def fork(
     return lineage, list(results)
 
 
-async def _greet(e: _Ends, index: int, cgroup: CgroupGroup, exit_fut: asyncio.Future[dict[str, Any]]) -> Member:
-    """Learn the member's host pid, move it into its group, let it set up; a live ``Member``."""
+async def _greet(
+    e: _Ends,
+    index: int,
+    source: CgroupGroup,
+    cgroup: CgroupGroup,
+    exit_fut: asyncio.Future[dict[str, Any]],
+    filters: int,
+) -> Member:
+    """Learn the member's host pid, move it into its group, let it set up; a live ``Member``.
+
+    A member whose own harness says why it failed (a thread an at-fork hook started, ...) and one that
+    did not confine itself (the session's code changed the harness before the fork) are the client's
+    ``BadRequest``; the worker checks the part of the confinement it can see, the member's seccomp layer."""
     loop = asyncio.get_running_loop()
-    async with asyncio.timeout(SANDBOX_READY_TIMEOUT_S):
-        await loop.sock_sendall(e.sock, wire.encode({"op": "hello"}))
-        data, anc = await _recvmsg(e.sock, MEMBER_READY_MAX_HEADER_BYTES, socket.CMSG_SPACE(12))
-        host_pid = 0
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                host_pid = int.from_bytes(payload[:4], "little", signed=True)
-        if len(data) < wire.PREFIX.size:
-            raise SandboxSetupError(f"member {index} sent {len(data)} bytes instead of its first frame")
-        head_len, _ = wire.decode_prefix(data[: wire.PREFIX.size])
-        first = json.loads(data[wire.PREFIX.size : wire.PREFIX.size + head_len])
-        if first.get("op") != "member" or first.get("index") != index or host_pid <= 0:
-            raise SandboxSetupError(f"member {index} introduced itself as {first!r} (pid {host_pid})")
-        pidfd = os.pidfd_open(host_pid)
-        executor = Executor(-1, e.sock, e.out_r, e.err_r, pidfd, host_pid, exit_fut)
-        try:
-            await asyncio.to_thread(cgroup.add, host_pid)
-            await loop.sock_sendall(e.sock, wire.encode({"op": "go"}))
-            ready, _ = await recv_frame(e.sock, MEMBER_READY_MAX_HEADER_BYTES, 0)
-            if ready.get("op") != "member_ready" or not WORKDIR.fullmatch(str(ready.get("dir"))):
-                raise SandboxSetupError(f"member {index} did not set up: {ready!r}")
-        except BaseException:
-            executor.kill()  # its descriptors are the caller's to close (``_Ends.close``)
-            os.close(pidfd)
-            raise
-        return Member(executor, cgroup, str(ready["dir"]))
+    try:
+        async with asyncio.timeout(SANDBOX_READY_TIMEOUT_S):
+            await loop.sock_sendall(e.sock, wire.encode({"op": "hello"}))
+            data, anc = await _recvmsg(e.sock, MEMBER_READY_MAX_HEADER_BYTES, socket.CMSG_SPACE(12))
+            host_pid = 0
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    host_pid = int.from_bytes(payload[:4], "little", signed=True)
+            if len(data) < wire.PREFIX.size:
+                raise SandboxSetupError(f"copy {index} sent {len(data)} bytes instead of its first frame")
+            head_len, _ = wire.decode_prefix(data[: wire.PREFIX.size])
+            first = json.loads(data[wire.PREFIX.size : wire.PREFIX.size + head_len])
+            _failed(first, index)
+            if first.get("op") != "member" or first.get("index") != index or host_pid <= 0:
+                raise SandboxSetupError(f"copy {index} introduced itself as {first!r} (pid {host_pid})")
+            pidfd = os.pidfd_open(host_pid)
+            try:
+                if not in_group(host_pid, source):  # a number is not a process: it was born in the source's group
+                    raise SandboxSetupError(f"copy {index}: pid {host_pid} is not the source's child any more")
+                executor = Executor(-1, e.sock, e.out_r, e.err_r, pidfd, host_pid, exit_fut)
+                await asyncio.to_thread(cgroup.add, host_pid)
+                await loop.sock_sendall(e.sock, wire.encode({"op": "go"}))
+                ready, _ = await recv_frame(e.sock, MEMBER_READY_MAX_HEADER_BYTES, 0)
+                _failed(ready, index)
+                if ready.get("op") != "member_ready" or not WORKDIR.fullmatch(str(ready.get("dir"))):
+                    raise SandboxSetupError(f"copy {index} did not set up: {ready!r}")
+                if seccomp_filters(host_pid) != filters + 1:
+                    raise BadRequest(
+                        f"python: copy {index} did not confine itself (its seccomp layers: "
+                        f"{seccomp_filters(host_pid)}, expected {filters + 1}): the session's code changed the "
+                        "fork's harness before the fork"
+                    )
+            except BaseException:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # its descriptors are the caller's to close
+                os.close(pidfd)
+                raise
+    except TimeoutError:
+        raise BadRequest(
+            f"python: copy {index} did not set up within {SANDBOX_READY_TIMEOUT_S:g} s (the session's own code, "
+            "an at-fork hook or a signal handler, held it)"
+        ) from None
+    return Member(executor, cgroup, str(ready["dir"]))
+
+
+def _failed(frame: dict[str, Any], index: int) -> None:
+    if frame.get("op") == "member_failed":
+        raise BadRequest(f"python: copy {index} could not confine itself: {str(frame.get('error'))[:500]}")
+
+
+def seccomp_filters(pid: int) -> int:
+    """How many seccomp filters ``pid`` runs under (-1 when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Seccomp_filters:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return -1
+
+
+def in_group(pid: int, group: CgroupGroup) -> bool:
+    """Whether ``pid`` is in ``group`` (read after a pidfd pinned it)."""
+    tails = {"/" + "/".join(d.parts[-3:]) for d in group.dirs.values()}
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return any(line.rstrip("\n").endswith(tuple(tails)) for line in f)
+    except OSError:
+        return False
+
+
+def remove_workdir(holder_pid: int, workdir: str) -> None:
+    """Delete a closed copy's directory, seen through the holder's root (the copy's processes are gone:
+    nothing renames under the walk; ``rmtree`` never follows a symbolic link)."""
+    if WORKDIR.fullmatch(workdir) and workdir.startswith(FORK_ROOT + "/"):
+        shutil.rmtree(f"/proc/{holder_pid}/root{workdir}", ignore_errors=True)

@@ -757,6 +757,12 @@ class PythonRunner:
                     groups[-1].set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
                     groups[-1].set_cpu(self.cfg.cpu_cores)
                 lineage, members = await fork.fork(sess.executor, sess.cgroup, n, groups, sess.keep_processes)
+            except fork.Hung as exc:
+                for cg in groups:
+                    await self._remove_cgroup(cg)
+                await self._drop_session(sess)
+                exc.session_ended = True
+                raise
             except (BadRequest, fork.NotForked):
                 for cg in groups:
                     await self._remove_cgroup(cg)
@@ -773,13 +779,26 @@ class PythonRunner:
                     m.executor.close()
                 for cg in groups[1:]:
                     await self._remove_cgroup(cg)
+                for m in copies:
+                    await asyncio.to_thread(fork.remove_workdir, lineage.holder.host_pid, m.workdir)
                 if not isinstance(cont, fork.Member):  # the source's own continuation did not start
+                    if isinstance(failed, BadRequest):
+                        failed.message += f"; session {source_id} is closed"
+                        failed.session_ended = True
+                        lineage.close()
+                        await self._remove_cgroup(groups[0])
+                        self.sessions.pop(source_id, None)
+                        await self._remove_cgroup(sess.cgroup)
+                        raise failed
                     lineage.close()
                     await self._remove_cgroup(groups[0])
                     self.sessions.pop(source_id, None)
                     await self._remove_cgroup(sess.cgroup)
                     raise SessionLost(f"session {source_id}: its fork broke off ({failed!r}); the session is gone")
                 self._rebase(sess, lineage, cont)
+                blamed = next((m for m in members if isinstance(m, BadRequest)), None)
+                if blamed is not None:
+                    raise blamed  # the session's own doing (a thread at fork, a changed harness): no copy is kept
                 raise SandboxSetupError(f"python: a copy of session {source_id} did not start: {failed!r}")
             self._rebase(sess, lineage, cont)
             for sid, m in zip(new_ids, copies, strict=True):
@@ -823,6 +842,8 @@ class PythonRunner:
         await self._remove_cgroup(sess.cgroup)
         lineage = sess.lineage
         if lineage is not None:
+            if sess.workdir != "/tmp":  # a copy's files live on in the namespaces' tmpfs: charged to nobody now
+                await asyncio.to_thread(fork.remove_workdir, lineage.holder.host_pid, sess.workdir)
             lineage.members.discard(sess.session_id)
             if not lineage.members:  # the last one out closes the namespaces
                 lineage.close()

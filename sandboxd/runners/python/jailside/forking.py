@@ -24,6 +24,7 @@ it answers (``landlock.py``, ``seccomp.build_member_filter``):
 from __future__ import annotations
 
 import array
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -47,8 +48,9 @@ FORK_ROOT = "/forks"  # sandboxd.runners.python.jail.FORK_ROOT: an empty mount p
 WORKDIR = "/tmp"
 HOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "holder.py")
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
-# Top-level paths no member reads: the source's files (/tmp, and /home/user, its second name), the copies'.
-PRIVATE = {"tmp", "home", FORK_ROOT.strip("/")}
+# Top-level paths no member reads: the source's files (/tmp, and /home/user, its second name), the copies',
+# /dev (only its device files are granted: /dev/shm below it is the source's, written before the fork).
+PRIVATE = {"tmp", "home", "dev", FORK_ROOT.strip("/")}
 _PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
 _forked = False  # this interpreter's state was forked once: it now lives in a member (see ``refusal``)
@@ -82,7 +84,35 @@ def refusal(keep_processes: bool) -> str | None:
     children = _children()
     if children:
         return f"the session has {len(children)} processes running; fork it when it has none"
+    bound = _bound_unix_paths()
+    if bound:
+        return (
+            f"the session holds a unix socket bound at {bound[0]}: its copies could reach it by that path "
+            "(Landlock does not check connecting by path); close it before forking"
+        )
     return None
+
+
+def _bound_unix_paths() -> list[str]:
+    """Paths of the unix sockets this process holds that are bound to a file system name."""
+    inodes = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    if not inodes:
+        return []
+    paths = []
+    with open("/proc/net/unix") as f:
+        next(f, None)
+        for line in f:
+            cols = line.split()
+            if len(cols) >= 8 and cols[6] in inodes and not cols[7].startswith("@"):
+                paths.append(cols[7])
+    return paths
 
 
 def _children() -> list[int]:
@@ -156,6 +186,16 @@ def _member(source: socket.socket, index: int, fds: list[int], reseed: Callable[
     os.close(err_w)
     chan = socket.socket(fileno=chan_fd)
     chan.setblocking(True)
+    try:
+        _set_up(chan, index, reseed)
+    except BaseException as exc:
+        with contextlib.suppress(BaseException):  # the worker learns why, and whose fault it was
+            chan.sendall(wire.encode({"op": "member_failed", "error": f"{type(exc).__name__}: {exc}"[:2000]}))
+        raise
+    return chan
+
+
+def _set_up(chan: socket.socket, index: int, reseed: Callable[[], None]) -> None:
     os.setsid()  # kill(0, ...) reaches its own group only
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # its orphans stay its own (and in its cgroup)
     hello, _ = wire.recv_frame(chan)
@@ -165,9 +205,12 @@ def _member(source: socket.socket, index: int, fds: list[int], reseed: Callable[
     go, _ = wire.recv_frame(chan)  # sent once we are in our own cgroup: what we copy is charged to us
     if go.get("op") != "go":
         raise OSError(errno.EPROTO, "no go")
+    _unshare_mappings()
     cwd = os.getcwd()
+    skipped = 0
     if index == 0:
-        own = WORKDIR  # the source goes on where it was
+        own = WORKDIR  # the source goes on where it was, with its descriptors, bar any on the copies' side
+        _reopen_descriptors(own, keep={0, 1, 2, chan.fileno()}, only_under=FORK_ROOT)
     else:
         own = f"{FORK_ROOT}/{os.urandom(12).hex()}"
         os.mkdir(own, 0o700)
@@ -181,14 +224,46 @@ def _member(source: socket.socket, index: int, fds: list[int], reseed: Callable[
         if tempfile is not None:
             tempfile.tempdir = None  # type: ignore[attr-defined]
         reseed()
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:  # Landlock confines the calling thread: another (an at-fork hook's) would keep every right
+        raise RuntimeError(f"the copy runs {threads} threads as it confines itself (a thread started at fork)")
     read = ["/" + e for e in os.listdir("/") if e not in PRIVATE]
-    landlock.restrict(read, own, list(DEVICE_FILES))
+    landlock.restrict(read, own, list(DEVICE_FILES), listable=["/dev"])
     seccomp.install(seccomp.build_member_filter())
-    ready: dict[str, Any] = {"op": "member_ready", "dir": own, "cwd": os.getcwd()}
-    if index:
-        ready["skipped"] = skipped
+    ready: dict[str, Any] = {"op": "member_ready", "dir": own, "cwd": os.getcwd(), "skipped": skipped}
     chan.sendall(wire.encode(ready))
-    return chan
+
+
+_PROT = {"r": 1, "w": 2, "x": 4}
+_MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x02, 0x10, 0x20
+
+
+def _unshare_mappings() -> None:
+    """Shared writable mappings made before the fork (``mmap.mmap(-1, n)``, a shared mapping of a file)
+    would be one memory for every member: each gets a private copy at the same address instead, so the
+    objects that point there keep working (writes no longer reach a mapped file: the file is the source's)."""
+    regions = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            cols = line.split()
+            perms = cols[1]
+            if perms[3] == "s" and "w" in perms:
+                lo, hi = (int(x, 16) for x in cols[0].split("-"))
+                regions.append((lo, hi - lo, sum(_PROT[c] for c in perms[:3] if c in _PROT)))
+    mmap_ = _libc.mmap
+    mmap_.restype = ctypes.c_void_p
+    mmap_.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    for addr, size, prot in regions:
+        saved = ctypes.create_string_buffer(size) if prot & 1 else None  # write-only: nothing to keep
+        if saved is not None:
+            ctypes.memmove(saved, addr, size)
+        got = mmap_(addr, size, prot | 3, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_FIXED, -1, 0)
+        if got != addr:
+            raise OSError(ctypes.get_errno(), f"cannot make the shared mapping at {addr:#x} private")
+        if saved is not None:
+            ctypes.memmove(addr, saved, size)
+        if prot != prot | 3:
+            _libc.mprotect(ctypes.c_void_p(addr), ctypes.c_size_t(size), prot)
 
 
 def _copy_tree(src: str, dst: str) -> int:
@@ -233,10 +308,11 @@ def _copy_file(src: str, dst: str, st: os.stat_result) -> None:
         os.close(fin)
 
 
-def _reopen_descriptors(own: str, keep: set[int]) -> None:
+def _reopen_descriptors(own: str, keep: set[int], only_under: str | None = None) -> None:
     """Open files under the source's /tmp point at this copy's files (same flags and offset); every other
     descriptor the source held (sockets, pipes, event and memory fds) would be shared with the source and
-    the other copies, and becomes /dev/null (its Python objects then fail cleanly, and no number is reused)."""
+    the other copies, and becomes /dev/null (its Python objects then fail cleanly, and no number is reused).
+    ``only_under``: replace only descriptors of that tree (the continuation keeps its own, bar the copies')."""
     null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
     try:
         for name in os.listdir("/proc/self/fd"):
@@ -248,6 +324,8 @@ def _reopen_descriptors(own: str, keep: set[int]) -> None:
                 st = os.fstat(fd)
             except OSError:
                 continue  # the listing's own descriptor, closed since
+            if only_under is not None and not (path == only_under or path.startswith(only_under + "/")):
+                continue
             cloexec = fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
             replacement = null
             if (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) and path.startswith(WORKDIR + "/"):

@@ -73,9 +73,9 @@ def _handled_fs(version: int) -> int:
     return rights
 
 
-def restrict(read: list[str], own: str, device_files: list[str]) -> None:
+def restrict(read: list[str], own: str, device_files: list[str], listable: list[str] = []) -> None:  # noqa: B006
     """Confine this process (and what it starts) to reading ``read``, everything in ``own`` (bar device
-    nodes and named sockets), reading and writing ``device_files``; no TCP; signals and abstract sockets
+    nodes and named sockets), reading and writing ``device_files``, listing ``listable``; no TCP; signals and abstract sockets
     only within its new domain. The calling process must be single-threaded: Landlock restricts the
     calling thread only, and a thread left unrestricted would keep every right."""
     version = abi()
@@ -92,6 +92,8 @@ def restrict(read: list[str], own: str, device_files: list[str]) -> None:
             _allow(ruleset, path, READ & handled, handled)
         for path in device_files:
             _allow(ruleset, path, (READ_FILE | WRITE_FILE | IOCTL_DEV) & handled, handled)
+        for path in listable:  # names only, not contents (a directory's listing right covers its subdirectories')
+            _allow(ruleset, path, READ_DIR, handled)
         _allow(ruleset, own, OWN & handled, handled)
         if _libc.syscall(_SYS_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) != 0:
             err = ctypes.get_errno()

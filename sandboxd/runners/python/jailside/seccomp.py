@@ -252,6 +252,7 @@ def build_filter(machine: str | None = None) -> bytes:
 # inet sockets (UDP between members), SysV IPC (one IPC namespace), and calls that act on another process
 # by pid, or on every process of the user or group (priority, affinity, scheduling, rlimits, I/O priority).
 MEMBER_FAMILIES = (2, 10, 17)  # AF_INET, AF_INET6, AF_PACKET
+NETLINK, NETLINK_ROUTE = 16, 0
 _MEMBER_IPC = {
     "x86_64": (29, 30, 31, 64, 65, 66, 68, 69, 70, 71, 220),
     "aarch64": (194, 195, 196, 190, 191, 192, 193, 186, 187, 188, 189),
@@ -317,10 +318,21 @@ def build_member_filter(machine: str | None = None) -> bytes:
     ]
     for nr in _MEMBER_IPC[name]:
         prog += [_insn(_JEQ_K, 0, 1, nr), _insn(_RET_K, 0, 0, eperm)]
-    prog += [_insn(_JEQ_K, 0, 2 * len(MEMBER_FAMILIES) + 2, table["socket"]), _insn(_LD_W_ABS, 0, 0, _OFF_ARG0_LO)]
+    # socket(): refuse MEMBER_FAMILIES; netlink only for NETLINK_ROUTE (the others let user processes
+    # message each other by port id, or list the namespace's sockets).
+    prog += [
+        _insn(_JEQ_K, 0, 2 * len(MEMBER_FAMILIES) + 6, table["socket"]),
+        _insn(_LD_W_ABS, 0, 0, _OFF_ARG0_LO),
+    ]
     for family in MEMBER_FAMILIES:
         prog += [_insn(_JEQ_K, 0, 1, family), _insn(_RET_K, 0, 0, _RET_ERRNO | errno.EACCES)]
-    prog += [_insn(_RET_K, 0, 0, _RET_ALLOW)]
+    prog += [
+        _insn(_JEQ_K, 0, 3, NETLINK),
+        _insn(_LD_W_ABS, 0, 0, _OFF_ARG0_LO + 16),  # protocol
+        _insn(_JEQ_K, 1, 0, NETLINK_ROUTE),
+        _insn(_RET_K, 0, 0, _RET_ERRNO | errno.EACCES),
+        _insn(_RET_K, 0, 0, _RET_ALLOW),
+    ]
     for nr, conds in _MEMBER_SELF_ONLY[name].items():
         body: list[bytes] = []
         for i, (arg, value) in enumerate(conds):
