@@ -21,13 +21,13 @@ RUN pip wheel --wheel-dir /wheels -c constraints.txt ".[server]"
 # package on its list has them for amd64 and arm64.
 RUN pip wheel --wheel-dir /envwheels -r sandboxd/runners/python/environments/default.txt
 
-# ---- runtime: Debian's Chromium and nsjail's libraries, the wheels, no build tools
+# ---- runtime: Debian's Chromium headless shell and nsjail's libraries, the wheels, no build tools
 FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS runtime
 # The same Debian packages scripts/setup.sh installs for a node (tests/test_deploy.py keeps them in step):
 # the code runner's toolchains among them (Debian's, on amd64 and arm64 alike), and tini as PID 1 so that
 # whatever a sandbox leaves behind is reaped.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libnl-route-3-200 ca-certificates chromium fonts-dejavu-core g++ openjdk-17-jdk-headless golang-go rustc nodejs tini \
+ && apt-get install -y --no-install-recommends libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-core g++ openjdk-17-jdk-headless golang-go rustc nodejs tini \
  && rm -rf /var/lib/apt/lists/*
 # The code runner's JavaScript packages, pinned as scripts/setup.sh installs them (npm only for this step).
 RUN apt-get update \

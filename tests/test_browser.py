@@ -340,6 +340,34 @@ async def test_pages_are_the_oom_killers_first_choice(http: httpx.AsyncClient) -
     assert scores.get("browser") == {0} and scores.get("gpu-process", {0}) == {0}, scores
 
 
+async def test_the_runner_launches_the_headless_shell_under_batch_scheduling(http: httpx.AsyncClient) -> None:
+    """The build kept for its cost (docs/runtimes.md, "The browser's cost"): every process in the browser's
+    group runs Debian's headless shell, and none may preempt the light kinds on wake-up (SCHED_BATCH)."""
+    from sandboxd.runners.browser.config import BrowserRunnerConfig
+
+    assert (await browse(http, ADD))["ok"]
+    ready = (await http.get("/readyz")).json()
+    groups = list(Path("/sys/fs/cgroup/memory").glob(f"**/{ready['node_id']}-{ready['pid']}-w*-browser/chromium"))
+    if not groups:
+        pytest.skip("cgroup v1 memory controller is what this reads")
+    exes, policies = set(), set()
+    for pid in (groups[0] / "cgroup.procs").read_text().split():
+        try:
+            exes.add(os.readlink(f"/proc/{pid}/exe"))
+            policies.add(os.sched_getscheduler(int(pid)))
+        except OSError:
+            continue
+    shell = os.path.realpath(BrowserRunnerConfig().chromium_path)
+    assert shell.endswith("chromium-headless-shell") and exes - {shell} <= {os.path.realpath(jailconf_nsjail())}, exes
+    assert shell in exes and policies == {os.SCHED_BATCH}, (exes, policies)
+
+
+def jailconf_nsjail() -> str:
+    from sandboxd.runners import jailconf
+
+    return jailconf.nsjail_binary("")
+
+
 async def test_a_browser_that_dies_is_replaced_and_its_sessions_are_lost(http: httpx.AsyncClient) -> None:
     sid = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]  # no browser died before
     assert (await browse(http, ADD, sid))["ok"]
@@ -479,7 +507,7 @@ async def test_a_click_the_page_never_received_is_sent_again_then_said(tmp_path:
     from playwright.async_api import async_playwright
 
     from sandboxd.runners.browser.config import BrowserRunnerConfig
-    from sandboxd.runners.browser.runner import CLICK_COUNTER, ActionRefused, click
+    from sandboxd.runners.browser.runner import CLICK_COUNTER, ActionRefused, Tab, click
 
     page_html = tmp_path / "p.html"
     page_html.write_text("<button id=b onclick=\"this.textContent='pressed'\">press</button>")
@@ -492,16 +520,18 @@ async def test_a_click_the_page_never_received_is_sent_again_then_said(tmp_path:
             await context.add_init_script(CLICK_COUNTER)
             page = await context.new_page()
             await page.goto(page_html.as_uri())
-            assert await click(page, "#b", 2000) is True  # delivered the first time
-            assert await page.inner_text("#b") == "pressed"
             cdp = await context.new_cdp_session(page)
+            tab = Tab(context, page, browser, cdp)
+            assert await click(tab, "#b", 2000) is True  # delivered the first time
+            assert tab.title == "" and tab.seen is not None and tab.seen[1] == 1  # read with the click, at once
+            assert await page.inner_text("#b") == "pressed"
             await cdp.send("Input.setIgnoreInputEvents", {"ignore": True})
             await page.evaluate("document.getElementById('b').textContent = 'press'")
             with pytest.raises(ActionRefused, match="was not delivered"):
-                await click(page, "#b", 2000)
+                await click(tab, "#b", 2000)
             assert await page.inner_text("#b") == "press"
             await cdp.send("Input.setIgnoreInputEvents", {"ignore": False})
-            assert await click(page, "#b", 2000) is True
+            assert await click(tab, "#b", 2000) is True
         finally:
             await browser.close()
 

