@@ -68,7 +68,9 @@ CLICK_COUNTER = """(() => {
 READ_CLICKS = "window.__sandboxdClicks || null"
 # After an action that can change the document: its title and its click count in one round trip.
 READ_STATE = "[document.title, window.__sandboxdClicks || null]"
-CONTEXT_RESERVE_MB = 96  # what a session's context and renderer take in the browser's group, measured ~60-90 MiB
+# What a session's context and renderer may take in the browser's group: measured 15 MiB on a shop page with
+# the headless shell (55 MiB with the full browser), reserved at 3x for heavier pages.
+CONTEXT_RESERVE_MB = 48
 RENDERER_OOM_SCORE_ADJ = 500  # pages before the browser: +50% of the cgroup's size in the OOM killer's points
 MEMORY_ADMIT_FRACTION = 0.9  # new sessions must leave this much of the browser's cap unused
 # What a page can write and read back: cleared between trajectories. Not "all": that also drops the
