@@ -344,10 +344,14 @@ class BrowserRunner:
         for extra in tab.context.pages:
             if extra is not tab.page:
                 await extra.close()
-        # sessionStorage lives in the tab, per origin, and can only be cleared from a page of that origin
-        for origin in sorted(tab.origins):
-            await tab.page.goto(origin + BLANK_PATH, wait_until="commit")
-            await tab.page.evaluate("sessionStorage.clear()")
+        # sessionStorage lives in the tab, per origin, and can only be cleared while a page of that origin is
+        # shown: the one the trajectory ended on at once (through CDP: the page's scripts cannot stop it), each
+        # other one after a navigation to its blank page.
+        current = self.sites.origin_of(tab.page.url)
+        for origin in sorted(tab.origins, key=lambda o: o != current):
+            if origin != current:
+                await tab.page.goto(origin + BLANK_PATH, wait_until="commit")
+            await tab.cdp.send("DOMStorage.clear", {"storageId": {"securityOrigin": origin, "isLocalStorage": False}})
         # Every other kind of storage, of every site: a popup (or a frame) can store into an origin the main
         # page never showed (found by the red team: a one-shot's popup planted localStorage that the next
         # session, and fork copies, read).
