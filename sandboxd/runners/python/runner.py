@@ -756,7 +756,14 @@ class PythonRunner:
                     groups.append(sj.host.child(f"x{self._sandbox_seq}"))
                     groups[-1].set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
                     groups[-1].set_cpu(self.cfg.cpu_cores)
-                lineage, members = await fork.fork(sess.executor, sess.cgroup, n, groups, sess.keep_processes)
+                # The first move into a cgroup after a quiet spell waits for an RCU grace period (v1: ~10-45 ms
+                # here), the next ones do not: pay it now, while the session forks, not when its members arrive.
+                warming = asyncio.ensure_future(asyncio.to_thread(sess.cgroup.add, sess.executor.host_pid))
+                try:
+                    lineage, members = await fork.fork(sess.executor, sess.cgroup, n, groups, sess.keep_processes)
+                finally:
+                    with contextlib.suppress(SandboxSetupError):
+                        await warming
             except fork.Hung as exc:
                 for cg in groups:
                     await self._remove_cgroup(cg)
