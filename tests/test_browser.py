@@ -94,6 +94,17 @@ def node(tmp_path_factory: pytest.TempPathFactory, listener: Listener) -> Iterat
     (site / "opener.html").write_text(
         "<title>opener</title><script>window.open('http://other.sandboxd/plant.html');</script>"
     )
+    # Found by a red team: a page that writes when it is left (pagehide), and one that opens a popup the
+    # moment its sessionStorage is cleared, both outlived a reset that cleared storage under a live page.
+    (site / "pagehide.html").write_text(
+        "<title>pagehide</title><script>addEventListener('pagehide', () => {"
+        "sessionStorage.setItem('k', 'planted'); localStorage.setItem('k', 'planted'); });</script>"
+    )
+    (site / "reopen.html").write_text(
+        "<title>reopen</title><script>sessionStorage.setItem('mark', '1'); let opened = false;"
+        "setInterval(() => { if (!opened && !sessionStorage.getItem('mark')) { opened = true;"
+        "window.open('/plant.html'); } }, 1);</script>"
+    )
     (site / "bigstore.html").write_text(
         "<title>big</title><script>localStorage.setItem('big', 'x'.repeat(1500000));</script>"
     )
@@ -469,6 +480,21 @@ async def test_a_popups_storage_reaches_no_later_context(http: httpx.AsyncClient
         await http.delete(f"/sessions/{sid}")
 
 
+async def test_a_page_that_outlives_its_trajectory_leaves_nothing_behind(http: httpx.AsyncClient) -> None:
+    """Found by a red team: storage written by a page's pagehide handler, and a popup the page opened the
+    moment the reset cleared its sessionStorage, reached the next trajectory in the same pooled context."""
+    poison: list[dict[str, Any]] = [
+        {"action": "goto", "path": "/pagehide.html", "site": "hostile"},
+        {"action": "goto", "path": "/reopen.html", "site": "hostile"},
+        {"action": "wait_for", "ms": 50},
+    ]
+    for _ in range(20):  # more than the pool holds: every pooled context gets one
+        assert (await browse(http, poison))["http"] == 200
+    await asyncio.sleep(1.0)  # the resets are done
+    seen = [values(await browse(http, READ))[2] for _ in range(20)]
+    assert all(v.startswith("|||") for v in seen), seen
+
+
 async def test_forks_that_cannot_be_made_are_refused_in_time_and_fit_the_cap(http: httpx.AsyncClient) -> None:
     held = (await http.get("/readyz")).json()["sessions"]
     big = (await http.post("/sessions", json={"runner": "browser"})).json()["session_id"]
@@ -507,7 +533,7 @@ async def test_a_click_the_page_never_received_is_sent_again_then_said(tmp_path:
     from playwright.async_api import async_playwright
 
     from sandboxd.runners.browser.config import BrowserRunnerConfig
-    from sandboxd.runners.browser.runner import CLICK_COUNTER, ActionRefused, Tab, click
+    from sandboxd.runners.browser.runner import CLICK_COUNTER, ActionRefused, click
 
     page_html = tmp_path / "p.html"
     page_html.write_text("<button id=b onclick=\"this.textContent='pressed'\">press</button>")
@@ -520,18 +546,16 @@ async def test_a_click_the_page_never_received_is_sent_again_then_said(tmp_path:
             await context.add_init_script(CLICK_COUNTER)
             page = await context.new_page()
             await page.goto(page_html.as_uri())
-            cdp = await context.new_cdp_session(page)
-            tab = Tab(context, page, browser, cdp)
-            assert await click(tab, "#b", 2000) is True  # delivered the first time
-            assert tab.title == "" and tab.seen is not None and tab.seen[1] == 1  # read with the click, at once
+            assert await click(page, "#b", 2000) is True  # delivered the first time
             assert await page.inner_text("#b") == "pressed"
+            cdp = await context.new_cdp_session(page)
             await cdp.send("Input.setIgnoreInputEvents", {"ignore": True})
             await page.evaluate("document.getElementById('b').textContent = 'press'")
             with pytest.raises(ActionRefused, match="was not delivered"):
-                await click(tab, "#b", 2000)
+                await click(page, "#b", 2000)
             assert await page.inner_text("#b") == "press"
             await cdp.send("Input.setIgnoreInputEvents", {"ignore": False})
-            assert await click(tab, "#b", 2000) is True
+            assert await click(page, "#b", 2000) is True
         finally:
             await browser.close()
 

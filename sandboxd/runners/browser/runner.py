@@ -57,6 +57,7 @@ TITLE_TIMEOUT_S = 0.5  # a hung page has no title worth waiting for
 STARVED_CHECK_S = 2.0  # after a timeout under contention: how long to look for what the action waited for
 FORK_PARALLEL = 4  # copies of one fork made at once
 RESET_TIMEOUT_S = 5.0  # a context that cannot be reset in this long is thrown away
+EXTRA_PAGE_ROUNDS = 4  # rounds of closing a context's extra pages before the context is thrown away instead
 # Counts the trusted clicks each document receives, under a name a page's own scripts cannot redefine
 # (installed before them, not configurable); read back after a click to know it arrived.
 CLICK_COUNTER = """(() => {
@@ -66,8 +67,6 @@ CLICK_COUNTER = """(() => {
   Object.defineProperty(window, '__sandboxdClicks', { get: () => [id, n], configurable: false });
 })();"""
 READ_CLICKS = "window.__sandboxdClicks || null"
-# After an action that can change the document: its title and its click count in one round trip.
-READ_STATE = "[document.title, window.__sandboxdClicks || null]"
 # What a session's context and renderer may take in the browser's group: measured 15 MiB on a shop page with
 # the headless shell (55 MiB with the full browser), reserved at 3x for heavier pages.
 CONTEXT_RESERVE_MB = 48
@@ -137,8 +136,6 @@ class Tab:
     site: str = "shop"
     uses: int = 0
     title: str | None = None
-    seen: tuple[str, int] | None = None  # (document id, trusted clicks) as read after the last such action
-    fresh: bool = False  # title and clicks were read after the current action already (a click reads them)
     origins: set[str] = field(default_factory=set)  # site origins this page has shown (reset clears each)
 
 
@@ -340,29 +337,40 @@ class BrowserRunner:
             await self._refill()
 
     async def _reset(self, tab: Tab) -> None:
-        """Leave nothing of one trajectory for the next: storage of every site, cookies, history, pages."""
-        for extra in tab.context.pages:
-            if extra is not tab.page:
-                await extra.close()
-        # sessionStorage lives in the tab, per origin, and can only be cleared while a page of that origin is
-        # shown: the one the trajectory ended on at once (through CDP: the page's scripts cannot stop it), each
-        # other one after a navigation to its blank page.
-        current = self.sites.origin_of(tab.page.url)
-        for origin in sorted(tab.origins, key=lambda o: o != current):
-            if origin != current:
-                await tab.page.goto(origin + BLANK_PATH, wait_until="commit")
-            await tab.cdp.send("DOMStorage.clear", {"storageId": {"securityOrigin": origin, "isLocalStorage": False}})
+        """Leave nothing of one trajectory for the next: storage of every site, cookies, history, pages.
+
+        The trajectory's page is navigated away first, so none of its scripts run while storage is cleared
+        (a red team wrote sessionStorage from a ``pagehide`` handler, and opened a popup, after a clear made
+        while the page was still there); pages it opened are closed until none is left, or the context goes."""
+        await self._close_extras(tab)
+        # sessionStorage lives in the tab, per origin, and can only be cleared from a page of that origin
+        for origin in sorted(tab.origins):
+            await tab.page.goto(origin + BLANK_PATH, wait_until="commit")
+            await tab.page.evaluate("sessionStorage.clear()")
+        await tab.page.goto("about:blank", wait_until="commit")
+        await self._close_extras(tab)
         # Every other kind of storage, of every site: a popup (or a frame) can store into an origin the main
         # page never showed (found by the red team: a one-shot's popup planted localStorage that the next
         # session, and fork copies, read).
         for origin in sorted(self.site_origins | tab.origins):
             await tab.cdp.send("Storage.clearDataForOrigin", {"origin": origin, "storageTypes": PAGE_STORAGE})
         tab.origins.clear()
-        await tab.page.goto("about:blank", wait_until="commit")
         await tab.page.evaluate("window.name = ''")
         await tab.context.clear_cookies()
         await tab.cdp.send("Page.resetNavigationHistory")
-        tab.title = tab.seen = None
+        if len(tab.context.pages) > 1:  # opened while the rest was cleared: this context is not clean
+            raise PlaywrightError("a page was opened during the reset")
+        tab.title = None
+
+    async def _close_extras(self, tab: Tab) -> None:
+        """Close every page but the tab's own; a popup can open another while it closes, so a few rounds."""
+        for _ in range(EXTRA_PAGE_ROUNDS):
+            extras = [p for p in tab.context.pages if p is not tab.page]
+            if not extras:
+                return
+            for extra in extras:
+                await extra.close()
+        raise PlaywrightError("pages kept opening more pages during the reset")
 
     async def _dispose(self, tab: Tab) -> None:
         with contextlib.suppress(PlaywrightError, TimeoutError):
@@ -470,7 +478,6 @@ class BrowserRunner:
         value: str | None = None
         error: str | None = None
         retried = False
-        tab.fresh = False
         while True:
             attempt_t, stalled0 = time.monotonic(), self.pressure.stalled_s()
             try:
@@ -500,8 +507,11 @@ class BrowserRunner:
                 break
             retried = True  # its time, given back once: the same action again
             self.stats["starved_retries"] += 1
-        if not tab.crashed and not tab.fresh and (tab.title is None or isinstance(act, NAVIGATING)):
-            await read_state(tab)  # only actions that can change the document ask again
+        if not tab.crashed and (tab.title is None or isinstance(act, NAVIGATING)):
+            tab.title = None  # only actions that can change the document ask for the title again
+            with contextlib.suppress(PlaywrightError, TimeoutError):
+                # Playwright reads it in its own world: a page's redefinition of document.title cannot answer
+                tab.title = await asyncio.wait_for(page.title(), TITLE_TIMEOUT_S)
         return m.ActionResult(
             action=act.action,
             ok=error is None,
@@ -542,7 +552,7 @@ class BrowserRunner:
                     raise ActionRefused(f"unknown site {target!r}; known: {sorted(self.sites.roots)}")
                 await page.goto(self.sites.url(target, act.path), wait_until="domcontentloaded", timeout=timeout_ms)
             case m.Click():
-                if not await click(tab, act.selector, timeout_ms):
+                if not await click(page, act.selector, timeout_ms):
                     self.stats["clicks_resent"] += 1
             case m.Fill():
                 await page.fill(act.selector, act.text, timeout=timeout_ms)
@@ -760,7 +770,7 @@ class BrowserRunner:
                     "items => { for (const [k, v] of items) sessionStorage.setItem(k, v) }", session_items
                 )
                 await tab.page.goto(url, wait_until="load")
-            tab.title = tab.seen = None
+            tab.title = None
 
     async def close_session(self, session_id: str) -> None:
         tab = self.sessions.pop(session_id, None)
@@ -768,7 +778,7 @@ class BrowserRunner:
             await self._dispose(tab)
 
 
-async def click(tab: Tab, selector: str, timeout_ms: float) -> bool:
+async def click(page: Page, selector: str, timeout_ms: float) -> bool:
     """A click that reached the page (True: at once; False: when sent a second time), or an action error
     that says it did not.
 
@@ -777,32 +787,18 @@ async def click(tab: Tab, selector: str, timeout_ms: float) -> bool:
     pressed (a session's "add to cart" that never reached the cart). Each page counts the trusted clicks
     it receives (``CLICK_COUNTER``, installed in every context before any page script); a click that
     neither raised the count nor navigated had no effect, so it is sent once more, then said. The count
-    before the click is the one read after the last action that could change it (``read_state``): only
-    input raises it, and every action that sends input reads it again."""
-    page = tab.page
+    is read right before the click (a count kept from an earlier action would let a page that navigates
+    itself by timer pass an undelivered click: found by a red team)."""
     if len(page.frames) > 1:  # a click in a frame is counted there, not here: trust Playwright's word
         await page.click(selector, timeout=timeout_ms)
         return True
-    before = tab.seen if tab.seen is not None else await _clicks(page)
+    before = await _clicks(page)
     for attempt in (0, 1):
         await page.click(selector, timeout=timeout_ms)
-        await read_state(tab)
-        after = tab.seen
+        after = await _clicks(page)
         if after is None or before is None or after != before:
             return attempt == 0  # delivered: counted, or the document changed (a navigation the click started)
     raise ActionRefused(f"the click on {selector!r} was not delivered to the page (sent twice)")
-
-
-async def read_state(tab: Tab) -> None:
-    """The page's title and click count after an action, in one evaluation (None each when the page is
-    between documents, or does not answer within ``TITLE_TIMEOUT_S``)."""
-    tab.title = tab.seen = None
-    tab.fresh = True
-    with contextlib.suppress(PlaywrightError, TimeoutError):
-        got = await asyncio.wait_for(tab.page.evaluate(READ_STATE), TITLE_TIMEOUT_S)
-        if isinstance(got, list) and len(got) == 2:
-            tab.title = got[0] if isinstance(got[0], str) else None
-            tab.seen = _as_clicks(got[1])
 
 
 async def _clicks(page: Page) -> tuple[str, int] | None:
@@ -811,10 +807,6 @@ async def _clicks(page: Page) -> tuple[str, int] | None:
         got = await page.evaluate(READ_CLICKS)
     except PlaywrightError:
         return None
-    return _as_clicks(got)
-
-
-def _as_clicks(got: Any) -> tuple[str, int] | None:
     return (str(got[0]), int(got[1])) if isinstance(got, list) and len(got) == 2 else None
 
 
