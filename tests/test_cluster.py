@@ -186,9 +186,17 @@ async def test_fork_through_another_node(nodes: list[NodeProcess]) -> None:
         assert all(o == seen[0] for o in seen) and seen[0]["steps"] == 1
         assert (await other.post(f"/sessions/{sid}/fork", json={"n": 1})).status_code == 404
         py_sid = (await c1.post("/sessions", json={"runner": "python"})).json()["session_id"]
+        await c1.post("/rollout/step", json={"runner": "python", "session_id": py_sid, "action": {"code": "x = 7"}})
         r = await c2.post(f"/sessions/{py_sid}/fork", json={"n": 1})
-        assert r.status_code == 422 and "cannot be forked" in r.json()["error"]["message"]
-        for x in [sid, py_sid, *copies]:
+        assert r.status_code == 201, r.text  # forwarded to the source's node, where its interpreter is
+        py_copy = r.json()["sessions"][0]["session_id"]
+        got = await c2.post(
+            "/rollout/step", json={"runner": "python", "session_id": py_copy, "action": {"code": "print(x)"}}
+        )
+        assert py_copy.endswith(".n1") and got.json()["observation"]["stdout"] == "7\n", got.text
+        r = await c2.post(f"/sessions/{py_sid}/fork", json={"n": 1})  # its refusal comes back through n2
+        assert r.status_code == 422 and "forks once" in r.json()["error"]["message"], r.text
+        for x in [sid, py_sid, py_copy, *copies]:
             assert (await c2.delete(f"/sessions/{x}")).status_code == 204
 
 
