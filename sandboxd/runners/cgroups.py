@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -329,15 +330,24 @@ def kill_if_member(pid: int, group_dir: Path) -> None:
     except OSError:
         return
     try:
-        tail = "/" + "/".join(group_dir.parts[-3:])  # includes the worker's own root name: unique on the host
-        with open(f"/proc/{pid}/cgroup") as f:
-            if not any(line.rstrip("\n").endswith(tail) for line in f):
-                return
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        if in_group(pid, [group_dir]):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     except OSError:
         return
     finally:
         os.close(pidfd)
+
+
+def in_group(pid: int, group_dirs: Iterable[Path]) -> bool:
+    """Whether ``pid`` is in one of ``group_dirs``, as its /proc/<pid>/cgroup says (read it after a pidfd
+    pinned the process: a pid number is not a process). Matched by the last three parts of the path, which
+    include the worker's own root name: unique on the host."""
+    tails = tuple("/" + "/".join(d.parts[-3:]) for d in group_dirs)
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return any(line.rstrip("\n").endswith(tails) for line in f)
+    except OSError:
+        return False
 
 
 def _kill_and_rmdir(d: Path) -> bool:

@@ -481,7 +481,7 @@ class BrowserRunner:
         while True:
             attempt_t, stalled0 = time.monotonic(), self.pressure.stalled_s()
             try:
-                value = await asyncio.wait_for(self._do(tab, act, site, timeout_ms), timeout_ms / 1000 + 1.0)
+                value = await asyncio.wait_for(self._do(page, act, site, timeout_ms), timeout_ms / 1000 + 1.0)
                 error = None
                 break
             except PlaywrightTimeout:
@@ -543,8 +543,7 @@ class BrowserRunner:
         where = f", and {selector!r} is on the page" if selector else ""
         return f"the node's CPUs were contended for {stalled / elapsed_s:.0%} of it{where}"
 
-    async def _do(self, tab: Tab, act: Any, site: str, timeout_ms: float) -> str | None:
-        page = tab.page
+    async def _do(self, page: Page, act: Any, site: str, timeout_ms: float) -> str | None:
         match act:
             case m.Goto():
                 target = act.site or site

@@ -13,7 +13,6 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -23,13 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxd.errors import BadRequest, SandboxSetupError
-from sandboxd.runners.cgroups import CgroupGroup
+from sandboxd.runners.cgroups import CgroupGroup, in_group
 from sandboxd.runners.python.jail import (
     FORK_ROOT,
     SANDBOX_READY_TIMEOUT_S,
     SESSION_REPLY_MAX_HEADER_BYTES,
     Executor,
-    _recvmsg,
+    introduction,
     recv_frame,
 )
 from sandboxd.runners.python.jailside import landlock, wire
@@ -218,22 +217,15 @@ async def _greet(
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(SANDBOX_READY_TIMEOUT_S):
-            await loop.sock_sendall(e.sock, wire.encode({"op": "hello"}))
-            data, anc = await _recvmsg(e.sock, MEMBER_READY_MAX_HEADER_BYTES, socket.CMSG_SPACE(12))
-            host_pid = 0
-            for level, kind, payload in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                    host_pid = int.from_bytes(payload[:4], "little", signed=True)
-            if len(data) < wire.PREFIX.size:
-                raise SandboxSetupError(f"copy {index} sent {len(data)} bytes instead of its first frame")
-            head_len, _ = wire.decode_prefix(data[: wire.PREFIX.size])
-            first = json.loads(data[wire.PREFIX.size : wire.PREFIX.size + head_len])
+            first, host_pid = await introduction(e.sock, MEMBER_READY_MAX_HEADER_BYTES)
             _failed(first, index)
             if first.get("op") != "member" or first.get("index") != index or host_pid <= 0:
                 raise SandboxSetupError(f"copy {index} introduced itself as {first!r} (pid {host_pid})")
             pidfd = os.pidfd_open(host_pid)
             try:
-                if not in_group(host_pid, source):  # a number is not a process: it was born in the source's group
+                if not in_group(
+                    host_pid, source.dirs.values()
+                ):  # a number is not a process: born in the source's group
                     raise SandboxSetupError(f"copy {index}: pid {host_pid} is not the source's child any more")
                 executor = Executor(-1, e.sock, e.out_r, e.err_r, pidfd, host_pid, exit_fut)
                 await asyncio.to_thread(cgroup.add, host_pid)
@@ -242,11 +234,11 @@ async def _greet(
                 _failed(ready, index)
                 if ready.get("op") != "member_ready" or not WORKDIR.fullmatch(str(ready.get("dir"))):
                     raise SandboxSetupError(f"copy {index} did not set up: {ready!r}")
-                if seccomp_filters(host_pid) != filters + 1:
+                layers = seccomp_filters(host_pid)
+                if layers != filters + 1:
                     raise BadRequest(
-                        f"python: copy {index} did not confine itself (its seccomp layers: "
-                        f"{seccomp_filters(host_pid)}, expected {filters + 1}): the session's code changed the "
-                        "fork's harness before the fork"
+                        f"python: copy {index} did not confine itself (its seccomp layers: {layers}, expected "
+                        f"{filters + 1}): the session's code changed the fork's harness before the fork"
                     )
             except BaseException:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # its descriptors are the caller's to close
@@ -275,16 +267,6 @@ def seccomp_filters(pid: int) -> int:
     except (OSError, ValueError):
         pass
     return -1
-
-
-def in_group(pid: int, group: CgroupGroup) -> bool:
-    """Whether ``pid`` is in ``group`` (read after a pidfd pinned it)."""
-    tails = {"/" + "/".join(d.parts[-3:]) for d in group.dirs.values()}
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            return any(line.rstrip("\n").endswith(tuple(tails)) for line in f)
-    except OSError:
-        return False
 
 
 def remove_workdir(holder_pid: int, workdir: str) -> None:

@@ -265,6 +265,24 @@ async def _recvmsg(sock: socket.socket, bufsize: int, ancsize: int) -> tuple[byt
                 loop.remove_reader(sock.fileno())
 
 
+async def introduction(sock: socket.socket, max_bytes: int) -> tuple[dict[str, Any], int]:
+    """Greet a process on its channel (SO_PASSCRED set) and read its first frame: (frame, its host pid, 0
+    when the kernel attached none). An executor and a fork's member introduce themselves this way."""
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(BrokenPipeError):  # it failed early; its error frame waits below
+        await loop.sock_sendall(sock, wire.encode({"op": "hello"}))
+    data, anc = await _recvmsg(sock, max_bytes, socket.CMSG_SPACE(12))
+    host_pid = 0
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            host_pid = int.from_bytes(payload[:4], "little", signed=True)
+    if len(data) < wire.PREFIX.size:
+        raise wire.WireError(f"sent {len(data)} bytes instead of its first frame")
+    head_len, _ = wire.decode_prefix(data[: wire.PREFIX.size])
+    first: dict[str, Any] = json.loads(data[wire.PREFIX.size : wire.PREFIX.size + head_len])
+    return first, host_pid
+
+
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -504,23 +522,12 @@ class Jail:
             self._spawns.pop(seq, None)
 
     async def _handshake(self, ex_id: int, fds: list[int]) -> Executor:
-        loop = asyncio.get_running_loop()
         sock = socket.socket(fileno=fds[0])
         sock.setblocking(False)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         exit_fut = self._exit_future(ex_id)
         try:
-            with contextlib.suppress(BrokenPipeError):  # it failed early; its error frame waits below
-                await loop.sock_sendall(sock, wire.encode({"op": "hello"}))
-            data, anc = await asyncio.wait_for(_recvmsg(sock, 65536, socket.CMSG_SPACE(12)), SANDBOX_READY_TIMEOUT_S)
-            host_pid = 0
-            for level, kind, payload in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                    host_pid = int.from_bytes(payload[:4], "little", signed=True)
-            if len(data) < wire.PREFIX.size:
-                raise wire.WireError(f"executor sent {len(data)} bytes instead of its ready frame")
-            head_len, _ = wire.decode_prefix(data[: wire.PREFIX.size])
-            ready = json.loads(data[wire.PREFIX.size : wire.PREFIX.size + head_len])
+            ready, host_pid = await asyncio.wait_for(introduction(sock, 65536), SANDBOX_READY_TIMEOUT_S)
             if ready.get("op") != "ready":
                 raise SandboxSetupError(f"jail {self.name}: sandbox set-up failed: {ready.get('error')}")
             if host_pid <= 0:

@@ -744,13 +744,12 @@ class PythonRunner:
                 await self._drop_session(sess)
                 raise SessionLost(f"session {source_id}: its sandbox is gone")
             groups: list[CgroupGroup] = []
+            _, limit = sess.cgroup.memory()
+            limit = limit or self.cfg.memory_mb << 20
             try:
                 # The members are born in the source's group and moved out one by one: room for them there,
                 # and for what their birth charges (page tables, kernel stacks) which stays charged there.
-                _, limit = sess.cgroup.memory()
-                sess.cgroup.set_limits(
-                    (limit or self.cfg.memory_mb << 20) + (n + 1) * fork.BIRTH_BYTES, self.cfg.pids_max + n + 1
-                )
+                sess.cgroup.set_limits(limit + (n + 1) * fork.BIRTH_BYTES, self.cfg.pids_max + n + 1)
                 for _ in range(n + 1):
                     self._sandbox_seq += 1
                     groups.append(sj.host.child(f"x{self._sandbox_seq}"))
@@ -764,21 +763,22 @@ class PythonRunner:
                 finally:
                     with contextlib.suppress(SandboxSetupError):
                         await warming
-            except fork.Hung as exc:
+            except BaseException as exc:
                 for cg in groups:
                     await self._remove_cgroup(cg)
-                await self._drop_session(sess)
-                exc.session_ended = True
+                if isinstance(exc, fork.Hung):  # its own code held the fork: in no known state, it ends
+                    exc.session_ended = True
+                    await self._drop_session(sess)
+                    raise
+                broke = (SandboxSetupError, wire.WireError, OSError, TimeoutError)
+                if isinstance(exc, broke) and not isinstance(exc, fork.NotForked):
+                    await self._drop_session(sess)
+                    raise SessionLost(
+                        f"session {source_id}: its fork broke off ({exc!r}); the session is gone"
+                    ) from exc
+                with contextlib.suppress(SandboxSetupError):  # refused, or nothing made: its limits as they were
+                    sess.cgroup.set_limits(limit, self.cfg.pids_max)
                 raise
-            except (BadRequest, fork.NotForked):
-                for cg in groups:
-                    await self._remove_cgroup(cg)
-                raise
-            except (SandboxSetupError, wire.WireError, OSError, TimeoutError) as exc:
-                for cg in groups:
-                    await self._remove_cgroup(cg)
-                await self._drop_session(sess)
-                raise SessionLost(f"session {source_id}: its fork broke off ({exc!r}); the session is gone") from exc
             cont, copies = members[0], [m for m in members[1:] if isinstance(m, fork.Member)]
             if not isinstance(cont, fork.Member) or len(copies) != n:
                 failed = next(m for m in members if not isinstance(m, fork.Member))
@@ -788,19 +788,15 @@ class PythonRunner:
                     await self._remove_cgroup(cg)
                 for m in copies:
                     await asyncio.to_thread(fork.remove_workdir, lineage.holder.host_pid, m.workdir)
-                if not isinstance(cont, fork.Member):  # the source's own continuation did not start
-                    if isinstance(failed, BadRequest):
-                        failed.message += f"; session {source_id} is closed"
-                        failed.session_ended = True
-                        lineage.close()
-                        await self._remove_cgroup(groups[0])
-                        self.sessions.pop(source_id, None)
-                        await self._remove_cgroup(sess.cgroup)
-                        raise failed
+                if not isinstance(cont, fork.Member):  # the source's own continuation did not start: it ends
                     lineage.close()
                     await self._remove_cgroup(groups[0])
                     self.sessions.pop(source_id, None)
                     await self._remove_cgroup(sess.cgroup)
+                    if isinstance(failed, BadRequest):
+                        failed.message += f"; session {source_id} is closed"
+                        failed.session_ended = True
+                        raise failed
                     raise SessionLost(f"session {source_id}: its fork broke off ({failed!r}); the session is gone")
                 self._rebase(sess, lineage, cont)
                 blamed = next((m for m in members if isinstance(m, BadRequest)), None)

@@ -236,6 +236,9 @@ def _set_up(chan: socket.socket, index: int, reseed: Callable[[], None]) -> None
 
 _PROT = {"r": 1, "w": 2, "x": 4}
 _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x02, 0x10, 0x20
+_mmap = _libc.mmap
+_mmap.restype = ctypes.c_void_p
+_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 
 
 def _unshare_mappings() -> None:
@@ -250,14 +253,11 @@ def _unshare_mappings() -> None:
             if perms[3] == "s" and "w" in perms:
                 lo, hi = (int(x, 16) for x in cols[0].split("-"))
                 regions.append((lo, hi - lo, sum(_PROT[c] for c in perms[:3] if c in _PROT)))
-    mmap_ = _libc.mmap
-    mmap_.restype = ctypes.c_void_p
-    mmap_.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     for addr, size, prot in regions:
         saved = ctypes.create_string_buffer(size) if prot & 1 else None  # write-only: nothing to keep
         if saved is not None:
             ctypes.memmove(saved, addr, size)
-        got = mmap_(addr, size, prot | 3, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_FIXED, -1, 0)
+        got = _mmap(addr, size, prot | 3, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_FIXED, -1, 0)
         if got != addr:
             raise OSError(ctypes.get_errno(), f"cannot make the shared mapping at {addr:#x} private")
         if saved is not None:

@@ -18,22 +18,14 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
+from typing import TYPE_CHECKING
 
-_PREFIX = struct.Struct("!II")
-
-
-def _report(sock: socket.socket, pid: int, status: int, ru: object) -> None:
-    msg: dict[str, object] = {"op": "exit", "pid": pid}
-    msg["cpu_s"] = ru.ru_utime + ru.ru_stime  # type: ignore[attr-defined]
-    msg["max_rss_kb"] = ru.ru_maxrss  # type: ignore[attr-defined]
-    if os.WIFSIGNALED(status):
-        msg.update(signal=os.WTERMSIG(status), exit_code=128 + os.WTERMSIG(status))
-    else:
-        msg.update(signal=None, exit_code=os.WEXITSTATUS(status))
-    head = json.dumps(msg, separators=(",", ":")).encode()
-    sock.sendall(_PREFIX.pack(len(head), 0) + head)
+if TYPE_CHECKING:
+    from sandboxd.runners.python.jailside import wire
+else:  # beside this file in the jail (no sandboxd package there)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import wire
 
 
 def main() -> None:
@@ -59,7 +51,7 @@ def main() -> None:
             if pid == 0:
                 break
             if pid in members:
-                _report(sock, pid, status, ru)
+                sock.sendall(wire.encode({**wire.exit_report(status, ru), "pid": pid}))
 
 
 if __name__ == "__main__":

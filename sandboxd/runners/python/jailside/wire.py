@@ -8,6 +8,7 @@ memcpy, not a base64 round trip.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 from typing import Any
@@ -23,6 +24,19 @@ SPAWN_LEAN = ord("f")
 MAX_ENVS = 0x40
 SPAWN_ENV = 0x80
 START_TEMPLATE = 0xC0
+
+
+def exit_report(status: int, ru: Any) -> dict[str, Any]:
+    """How a child ended, from ``wait4``: the frame the zygote sends for an executor and a fork's holder for
+    a member (the kernel's word: nothing the program ran can write it)."""
+    msg: dict[str, Any] = {"op": "exit", "cpu_s": ru.ru_utime + ru.ru_stime, "max_rss_kb": ru.ru_maxrss}
+    if os.WIFSIGNALED(status):
+        msg["signal"] = os.WTERMSIG(status)
+        msg["exit_code"] = 128 + os.WTERMSIG(status)
+    else:
+        msg["signal"] = None
+        msg["exit_code"] = os.WEXITSTATUS(status)
+    return msg
 
 
 class WireError(Exception):

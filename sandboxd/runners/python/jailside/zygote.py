@@ -264,17 +264,6 @@ def _send_fds(sock: socket.socket, header: dict[str, Any], fds: list[int]) -> No
         os.close(fd)
 
 
-def _exit_report(status: int, ru: Any) -> dict[str, Any]:
-    msg: dict[str, Any] = {"op": "exit", "cpu_s": ru.ru_utime + ru.ru_stime, "max_rss_kb": ru.ru_maxrss}
-    if os.WIFSIGNALED(status):
-        msg["signal"] = os.WTERMSIG(status)
-        msg["exit_code"] = 128 + os.WTERMSIG(status)
-    else:
-        msg["signal"] = None
-        msg["exit_code"] = os.WEXITSTATUS(status)
-    return msg
-
-
 class _Template:
     """A child of the zygote that imported an environment's preload list and forks executors from there.
 
@@ -337,7 +326,7 @@ def template_main(chan: socket.socket, env: int, mode: str, tmpfs_bytes: int, fi
         if wake_r in ready:
             os.read(wake_r, 512)
         for pid, status, ru in _reaped():
-            chan.sendall(wire.encode({**_exit_report(status, ru), "pid": pid}))
+            chan.sendall(wire.encode({**wire.exit_report(status, ru), "pid": pid}))
         if chan.fileno() not in ready:
             continue
         wanted = chan.recv(64)
@@ -427,7 +416,7 @@ def zygote_main(mode: str, tmpfs_bytes: int) -> None:
         for pid, status, ru in _reaped():
             ex_id = ids.pop(pid, None)
             if ex_id is not None:  # ours, or a dead template's orphan (reparented to us)
-                ctl.sendall(wire.encode({**_exit_report(status, ru), "id": ex_id}))
+                ctl.sendall(wire.encode({**wire.exit_report(status, ru), "id": ex_id}))
             for t in list(templates.values()):
                 if t.pid == pid:
                     t.failed = True
