@@ -140,6 +140,8 @@ async def test_a_neighbours_memory_never_gets_the_victim_blamed(node: str, pod: 
             for sid in held:  # A's sessions: alive, or lost to the pressure (infra), never A's fault
                 r = await step(a, "print(len(x))", sid)
                 assert blame(r) != "program", r
+                if r["http_status"] == 410:  # killed between its steps: said as the node's memory, by name
+                    assert "ran out of memory" in r["error"]["message"], r
         finally:
             set_pod(pod, memory=-1)
             await close_sessions(a, held)
@@ -301,7 +303,8 @@ def test_a_tenant_holding_every_session_gives_way_to_one_below_its_share() -> No
 STARVES_ITSELF = """
 import os, sys, time, threading
 def _starve(*_):
-    os.sched_setaffinity(0, {0})
+    try: os.sched_setaffinity(0, {0})  # refused in a sandbox since: its threads may not queue on one CPU
+    except OSError: pass
     if os.fork() == 0:
         while True:
             if os.fork(): os._exit(0)

@@ -17,7 +17,10 @@ What callers of this contract rely on, and how it is kept here:
   and answers 504 only when the request's own deadline would pass:
   ``compile_timeout + fusion_queue_grace_s`` of waiting, after which ``run_timeout``
   of running still fits in the time verl's client allows (compile + run + 10 s).
-  A node that is shutting down answers 504 too, so the retry lands elsewhere.
+  A node that is shutting down answers 504 too, so the retry lands elsewhere. A run is timed on its
+  own time (the CPU it was kept from by other sandboxes is given back: docs/security.md), but never past
+  the moment verl's client stops listening: a run the node starved until then is a 504 ``node_pressure``
+  (retried), not a read timeout and not a score.
 - The client's own mistakes (no ``code``, a language this node does not run, a
   timeout above the node's maximum) are 4xx with FastAPI's ``{"detail": ...}``, the
   shape SandboxFusion's FastAPI app gives them.
@@ -35,7 +38,7 @@ from starlette.responses import Response
 from sandboxd.api.auth import Auth
 from sandboxd.api.surface import json_response, surface_router
 from sandboxd.csvtext import as_csv
-from sandboxd.errors import BadRequest, DeadlineExceeded, SandboxdError, Saturated, ShuttingDown
+from sandboxd.errors import BadRequest, DeadlineExceeded, NodePressure, SandboxdError, Saturated, ShuttingDown
 from sandboxd.front.gateway import Gateway
 from sandboxd.models import Limits, StepRequest, StepResult
 from sandboxd.runners.python.config import PythonRunnerConfig
@@ -68,9 +71,13 @@ class RunCodeRequest(BaseModel):
     )
 
 
+CLIENT_PATIENCE_S = 10.0  # what verl's client waits past compile_timeout + run_timeout (its API_TIMEOUT)
+ANSWER_MARGIN_S = 1.0  # answered this much before it gives up
+
+
 def fusion_error(exc: SandboxdError) -> Response:
     """Errors that are not execution outcomes, in the shape of SandboxFusion's FastAPI app."""
-    if isinstance(exc, (DeadlineExceeded, Saturated, ShuttingDown)):
+    if isinstance(exc, (DeadlineExceeded, Saturated, ShuttingDown, NodePressure)):
         return json_response({"detail": exc.message}, 504)  # verl retries 504, and only 504
     if exc.blame == "infra":
         return json_response(_sandbox_error(exc.message), 200)
@@ -225,16 +232,19 @@ class FusionRunner:
         # Never longer than any step may wait here (queue_timeout_s): a huge compile_timeout holds no connection.
         wait_s = min(req.compile_timeout + settings.fusion_queue_grace_s, settings.queue_timeout_s)
         deadline = time.monotonic() + wait_s
+        # verl's client gives up after compile + run + 10 s: a run the node starves (it is timed on its own time,
+        # docs/security.md) is answered 504, which verl retries, before that, never left to a read timeout.
+        answer_by = time.monotonic() + req.compile_timeout + req.run_timeout + CLIENT_PATIENCE_S - ANSWER_MARGIN_S
         if req.language == "sql":
             if req.files or req.fetch_files:
                 raise BadRequest("files and fetch_files are not supported for language 'sql'")
             step = StepRequest(runner="sql", action={"query": req.code}, timeout_s=req.run_timeout)
-            res = await self._until_admitted(lambda: self.gateway.step(step, tenant, deadline), deadline)
+            res = await self._until_admitted(lambda: self.gateway.step(step, tenant, deadline, answer_by), deadline)
             self._check(res)
             result = sql_result(res)
             return self._response(result, {}, "", res)
         if req.language not in NATIVE:
-            return await self._code(req, tenant, deadline)
+            return await self._code(req, tenant, deadline, answer_by)
         memory_mb = self._python().memory_mb
         if 0 < req.memory_limit_MB < MIN_MEMORY_MB:
             raise BadRequest(f"memory_limit_MB: {req.memory_limit_MB} is below the smallest sandbox ({MIN_MEMORY_MB})")
@@ -251,7 +261,7 @@ class FusionRunner:
             action["fetch_files"] = req.fetch_files
         limits = Limits(memory_mb=memory_mb)
         step = StepRequest(runner="python", action=action, timeout_s=req.run_timeout, limits=limits)
-        res = await self._until_admitted(lambda: self.gateway.step(step, tenant, deadline), deadline)
+        res = await self._until_admitted(lambda: self.gateway.step(step, tenant, deadline, answer_by), deadline)
         self._check(res)
         obs = res.observation or {}
         missing = obs.get("files_missing") or {}
@@ -276,7 +286,7 @@ class FusionRunner:
             self._names = names
         return self._names
 
-    async def _code(self, req: RunCodeRequest, tenant: str, deadline: float) -> dict[str, Any]:
+    async def _code(self, req: RunCodeRequest, tenant: str, deadline: float, answer_by: float) -> dict[str, Any]:
         """A language of the ``code`` kind: compiled (with its cache) and run in one step."""
         from sandboxd.runners.code.config import CodeRunnerConfig
 
@@ -296,7 +306,7 @@ class FusionRunner:
             "compile_timeout_s": min(max(req.compile_timeout, 0.1), cfg.compile_timeout_s),
         }
         step = StepRequest(runner="code", action=action, timeout_s=req.run_timeout, limits=Limits(memory_mb=memory_mb))
-        res = await self._until_admitted(lambda: self.gateway.step(step, tenant, deadline), deadline)
+        res = await self._until_admitted(lambda: self.gateway.step(step, tenant, deadline, answer_by), deadline)
         self._check(res)
         compile_result, run_result = code_results(res, memory_mb)
         return self._response(run_result, {}, "", res, compile_result)

@@ -52,13 +52,14 @@ from sandboxd.errors import (
     WorkerDied,
 )
 from sandboxd.front.links import NodeLinks
-from sandboxd.ids import owner_of, worker_of
+from sandboxd.ids import owner_of, tenant_of_key, worker_of
 from sandboxd.links import Channel, Header, LinkClosed, answer_of
 from sandboxd.metrics import FrontMetrics
 from sandboxd.models import ForkResult, SessionCreate, SessionFork, SessionInfo, StepRequest, StepResult
 from sandboxd.registry import kinds
 from sandboxd.runners.base import RunnerKind, validation_message
 from sandboxd.stores.idempotency import Idempotency, Stored, fingerprint
+from sandboxd.tally import INFLIGHT, Tally
 
 log = logging.getLogger("sandboxd.front")
 FORWARD_TIMEOUT_S = 30.0  # a forwarded request's own budget beyond any step time (session info, close)
@@ -128,7 +129,10 @@ class Gateway:
         self.idem: Idempotency | None = None
         self.draining = False
         self.inflight = 0
-        self.tenant_inflight: Counter[str] = Counter()
+        # This front's own counts per tenant: connections (front/protocol.py) and steps or calls in flight;
+        # the caps are checked against the whole node's (``tally``, shared with the other fronts).
+        self.tenant_counts: tuple[Counter[str], Counter[str]] = (Counter(), Counter())
+        self.tally: Tally | None = None
         self.sent: Counter[tuple[str, int]] = Counter()  # one-shots sent to each worker, not answered yet
         self.started = False
         self._rr = itertools.count(index * 7919)  # fronts start their round-robin at different workers
@@ -151,6 +155,9 @@ class Gateway:
         self.draining = bool(topology.get("draining"))
         n = len(topology["workers"])
         self.board = Board(Path(self.links.runtime_dir) / "board", n, list(self.kinds))
+        if self.links.tally_row >= 0:
+            tenants = [tenant_of_key(k) for k in self.settings.all_api_keys()]
+            self.tally = Tally(Path(self.links.runtime_dir) / "tally", self.links.tally_rows, tenants)
         s = self.settings
         claim_ttl_s = s.max_timeout_s + s.queue_timeout_s + 60.0
         owner = f"{self.node_id}/{os.getpid()}"
@@ -249,15 +256,20 @@ class Gateway:
     # ------------------------------------------------------------------ steps, raw
 
     async def step_raw(
-        self, body: bytes, doc: dict[str, Any], tenant: str, t0: float, queue_deadline: float | None = None
+        self,
+        body: bytes,
+        doc: dict[str, Any],
+        tenant: str,
+        t0: float,
+        queue_deadline: float | None = None,
+        answer_by: float | None = None,
     ) -> Stored:
         """One step, as the bytes the client sent (``doc`` parsed from them): its answer, as the client gets it."""
         runner = doc.get("runner")
         session_id = doc.get("session_id")
         self.inflight += 1
-        self.tenant_inflight[tenant] += 1
         try:
-            self._within_inflight(tenant)
+            self._enter(tenant)
             if not isinstance(runner, str):
                 raise BadRequest("body.runner: a runner kind (a string) is required")
             if session_id is not None and not isinstance(session_id, str):
@@ -279,13 +291,13 @@ class Gateway:
                 stored = await self.idem.run(
                     f"{tenant}:step:{key}",
                     fp,
-                    lambda: self._run_step(body, runner, session_id, tenant, t0, queue_deadline),
+                    lambda: self._run_step(body, runner, session_id, tenant, t0, queue_deadline, answer_by),
                     keep=kept,
                 )
                 if self.idem.hits != before:
                     self.metrics.replays.inc()
                 return stored
-            return await self._run_step(body, runner, session_id, tenant, t0, queue_deadline)
+            return await self._run_step(body, runner, session_id, tenant, t0, queue_deadline, answer_by)
         except SandboxdError as exc:
             # Counted here when it ended here (a worker counts what it answered).
             label = runner if isinstance(runner, str) and runner in self.kinds else "unknown"
@@ -299,12 +311,17 @@ class Gateway:
             return Stored(exc.status, out, exc.retry_after_s)
         finally:
             self.inflight -= 1
-            self.tenant_inflight[tenant] -= 1
-            if not self.tenant_inflight[tenant]:
-                del self.tenant_inflight[tenant]
+            self._leave(tenant)
 
     async def _run_step(
-        self, body: bytes, runner: str, session_id: str | None, tenant: str, t0: float, queue_deadline: float | None
+        self,
+        body: bytes,
+        runner: str,
+        session_id: str | None,
+        tenant: str,
+        t0: float,
+        queue_deadline: float | None,
+        answer_by: float | None = None,
     ) -> Stored:
         if runner not in self.kinds:
             raise UnknownRunner(f"runner {runner!r} is not enabled on this node (enabled: {self.settings.runners})")
@@ -337,7 +354,9 @@ class Gateway:
         sent[key] += 1
         try:
             header, out = answer_of(
-                await channel.call_nowait("step", {"tenant": tenant, "t0": t0, "deadline": deadline}, body)
+                await channel.call_nowait(
+                    "step", {"tenant": tenant, "t0": t0, "deadline": deadline, "answer_by": answer_by}, body
+                )
             )
         except LinkClosed:
             raise WorkerDied(f"worker {index} died mid-step", worker=index) from None
@@ -377,14 +396,18 @@ class Gateway:
 
     # ------------------------------------------------------------------ steps, as models
 
-    async def step(self, req: StepRequest, tenant: str, queue_deadline: float | None = None) -> StepResult:
-        """Run one step; ``queue_deadline`` (monotonic) replaces ``queue_timeout_s`` for a one-shot's wait."""
+    async def step(
+        self, req: StepRequest, tenant: str, queue_deadline: float | None = None, answer_by: float | None = None
+    ) -> StepResult:
+        """Run one step; ``queue_deadline`` (monotonic) replaces ``queue_timeout_s`` for a one-shot's wait;
+        ``answer_by`` (monotonic): the caller stops listening then (a surface whose clients time out on their own,
+        /run_code's verl), so a step the node starved is answered as the node's failure before it."""
         t0 = time.monotonic()
         try:
             body = as_json(req, "the step")
         except SandboxdError as exc:
             return StepResult.model_validate_json(failed_answer(exc, 0.0, req.runner, req.session_id, None)[1])
-        stored = await self.step_raw(body, orjson.loads(body), tenant, t0, queue_deadline)
+        stored = await self.step_raw(body, orjson.loads(body), tenant, t0, queue_deadline, answer_by)
         return StepResult.model_validate_json(stored.body)
 
     async def batch(self, steps: list[StepRequest], tenant: str) -> list[StepResult]:
@@ -516,28 +539,41 @@ class Gateway:
 
     # ------------------------------------------------------------------ many sessions at once
 
-    def _within_inflight(self, tenant: str) -> None:
-        """429 for the call just counted when the tenant has ``tenant_max_inflight`` in flight here already."""
-        if self.tenant_inflight[tenant] > self.settings.tenant_max_inflight:
+    def tenant_count(self, tenant: str, field: int, delta: int) -> int:
+        """Change this front's count of ``tenant`` (connections or calls in flight) by ``delta``; the tenant's
+        count over the whole node after it (``sandboxd.tally``), or this front's alone without the node's."""
+        own = self.tenant_counts[field]
+        own[tenant] += delta
+        if own[tenant] <= 0:
+            del own[tenant]
+        if self.tally is not None and self.links.tally_row >= 0:
+            return self.tally.add(self.links.tally_row, tenant, field, delta)
+        return own.get(tenant, 0)
+
+    def _enter(self, tenant: str) -> None:
+        """Count one more step or call of ``tenant`` in flight; 429 for it when the tenant has
+        ``tenant_max_inflight`` in flight on this node already (every front counts in the node's tally)."""
+        held = self.tenant_count(tenant, INFLIGHT, 1)
+        if held > self.settings.tenant_max_inflight:
             raise Saturated(
-                f"this tenant has {self.tenant_inflight[tenant] - 1} steps or calls in flight here "
+                f"this tenant has {held - 1} steps or calls in flight on this node "
                 f"(tenant_max_inflight {self.settings.tenant_max_inflight})",
                 retry_after_s=1.0,
             )
+
+    def _leave(self, tenant: str) -> None:
+        self.tenant_count(tenant, INFLIGHT, -1)
 
     @contextlib.contextmanager
     def _counted(self, tenant: str) -> Iterator[None]:
         """A call that costs the workers per session it names (selections, status) counts as a step in flight:
         a tenant looping over them waits its turn like one looping over steps (a red team slowed another
         tenant's steps 250x with concurrent 10,000-id status calls)."""
-        self.tenant_inflight[tenant] += 1
         try:
-            self._within_inflight(tenant)
+            self._enter(tenant)
             yield
         finally:
-            self.tenant_inflight[tenant] -= 1
-            if self.tenant_inflight[tenant] <= 0:
-                del self.tenant_inflight[tenant]
+            self._leave(tenant)
 
     async def select_sessions(
         self, tenant: str, labels: dict[str, str], what: str, idle_s: float | None = None

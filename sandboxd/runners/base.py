@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandboxd.errors import BadRequest, Saturated
+from sandboxd.errors import BadRequest, SandboxdError, Saturated
 
 
 class SlotLender(Protocol):
@@ -52,6 +52,13 @@ class StepLimits:
     # The longest a step may run in all (the node's max_timeout_s): a kind that runs several executions per
     # step (test cases) keeps their sum within it.
     budget_s: float = math.inf
+    # When the caller stops listening (monotonic; /run_code's clients time out on their own): a step the node
+    # keeps off the CPU is given its time back only until then, and is the node's failure at it.
+    answer_by: float | None = None
+    tenant: str = ""  # whose step it is: what a kind keeps between steps (a compile cache) is kept per tenant
+    # A one-shot's queue deadline (monotonic): a kind that waits for room of its own (the browser's gate)
+    # waits until then at most, and answers 504 after.
+    admit_by: float | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,9 @@ class StepOutcome:
     session_alive: bool = True
     killed_by: str | None = None
     limits_hit: tuple[str, ...] = ()
+    # The node failed the step after part of it ran (a browser action it starved twice): the step is answered
+    # as this error (its status, blame infra), with the observation of what was done by then.
+    infra: SandboxdError | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {

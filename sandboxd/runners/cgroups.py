@@ -102,6 +102,7 @@ class CgroupGroup:
         self._fds: dict[str, int] = {}  # counter files kept open: a pread is ~2 us, an open-read-close ~27
         self._generation = 0  # renew_pids' fresh groups
         self._pids_local_seen = 0  # v2: pids.events.local max at the last counters(start=True)
+        self._closed = False  # close_files ran: the group is going
 
     @property
     def procs_files(self) -> list[Path]:
@@ -165,23 +166,35 @@ class CgroupGroup:
             raise SandboxSetupError(f"cannot move pid {pid} into cgroup: {exc}") from exc
 
     def _pread(self, path: str) -> bytes:
-        """A counter file's current text (cgroup files regenerate at offset 0); b"" when unreadable."""
+        """A counter file's current text (cgroup files regenerate at offset 0); b"" when unreadable. Kept
+        open for the next read, unless the group is being removed (``close_files``)."""
         fd = self._fds.get(path)
         if fd is None:
             try:
-                fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 return b""
+            if self._closed:
+                try:
+                    return os.pread(fd, 4096, 0)
+                except OSError:
+                    return b""
+                finally:
+                    os.close(fd)
+            self._fds[path] = fd
         try:
             return os.pread(fd, 4096, 0)
         except OSError:
             return b""
 
     def close_files(self) -> None:
-        for fd in self._fds.values():
+        """Close the counter files (``remove`` runs in a thread while the loop may still read a counter: the
+        dictionary is swapped, never iterated while it changes, and later reads keep nothing open)."""
+        self._closed = True
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self._fds.clear()
 
     def counters(self, start: bool = False) -> Counters:
         """The group's counters; ``start``: read before an execution (the v1 peak is reset if it stands at
@@ -268,7 +281,7 @@ class CgroupGroup:
                 with contextlib.suppress(OSError):  # gone meanwhile
                     (new / "cgroup.procs").write_text(pid)
         self.dirs["pids"] = new
-        for path in [p for p in self._fds if p.startswith(f"{old}/")]:
+        for path in [p for p in list(self._fds) if p.startswith(f"{old}/")]:
             with contextlib.suppress(OSError):
                 os.close(self._fds.pop(path))
         if not _kill_and_rmdir(old):
@@ -301,6 +314,19 @@ class CgroupGroup:
         if self.version == 2:
             with contextlib.suppress(OSError):
                 (self.dirs["unified"] / "cgroup.subtree_control").write_text("+memory +pids +cpu")
+
+    def kill_all(self) -> None:
+        """SIGKILL every process in the group (each checked to be a member: a pid number is not a process)."""
+        for d in dict.fromkeys(self.dirs.values()):
+            for _ in range(5):
+                try:
+                    pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
+                except (OSError, ValueError):
+                    break
+                if not pids:
+                    break
+                for pid in pids:
+                    kill_if_member(pid, d)
 
     def remove(self) -> bool:
         """Remove the group; kill what is left in it first (never leak a sandbox).

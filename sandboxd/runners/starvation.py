@@ -1,22 +1,23 @@
-"""Time a sandbox was kept off the CPU by its neighbours, given back before its wall-clock limit ends it.
+"""Time a sandbox was kept off the CPU by others, given back before its wall-clock limit ends it.
 
-A step's time limit is meant for the program: time it ran, or could have run. Under a neighbour's CPU
-storm a runnable program waits on the run queue, and a wall clock alone turns that wait into the
-victim's ``program_timeout``. The kernel counts the wait per thread (``/proc/<pid>/task/*/schedstat``,
-second field: ns runnable but not running). At its deadline a step is given back the longest wait of
-any of its threads, up to its own limit once more; still starved past that, the step is the node's
-failure (``NodePressure``), not the program's.
+A step's time limit is meant for the program: time it ran, or could have run. On a full node a runnable
+program waits on the run queue behind other sandboxes (the node's own slots, its sessions, a neighbour
+outside the node, a pod's CPU quota), and a wall clock alone turns that wait into the victim's
+``program_timeout``. So a step is timed on its *own* time: the wall time since it began less the time it
+was kept off a CPU it was entitled to. It ends as the program's timeout when its own time reaches its
+limit, however long that took on the wall, and as the node's failure (``NodePressure``) only when a wall
+cap (``wall_cap_s``: a multiple of the limit that allows for the node's own density) came first.
 
-A program can make its threads wait by itself (pinned to one CPU behind its own busy child, too many
-threads for its quota), and a wait it made must never become a masked failure. So time is given back
-only when the starvation is seen from outside the sandbox, all three at once:
-- the machine was busy: its CPUs were at least ``HOST_BUSY`` busy since the step began (``/proc/stat``,
-  sampled by ``HostLoad``): a runnable thread with an idle CPU beside it waits by its own choice;
-- the sandbox did not get its CPU: its group (children included) used less than ``OWN_USE`` of its
-  quota over the step; a sandbox that used its cores had them;
-- its group was never throttled by its own quota during the step.
-Only the executor's threads' waits are counted (a child's are not): the rule can miss starvation, and
-what the program does with its own threads and children cannot invent it.
+Kept-off time is the smaller of two readings, so that neither the program nor its neighbours can invent it:
+- the longest time one of its threads (the executor's, and its descendants') spent runnable but not
+  running since the step began (``/proc/<pid>/task/<tid>/schedstat``, second field);
+- the CPU its group did not get of what it may use: ``cores`` (its quota, at most the CPUs there are)
+  times the wall time, less its group's CPU usage. A sandbox whose threads wait behind each other
+  (more threads than its quota, nice or scheduling games among its own) used its whole share: this
+  bound is 0, and so is what it is given back. A program cannot pin its threads to fewer CPUs than its
+  quota (``sched_setaffinity`` is refused in every sandbox), which is how a red team once made its own
+  waits count.
+Sleeping is not waiting: a program that sleeps past its limit is timed out at its limit.
 
 Where a runner cannot count its sandbox's waits (a browser's renderers are Chromium's, shared by every
 session, and its pages are the operator's, not the program's), ``CpuPressure`` reads the kernel's
@@ -26,126 +27,91 @@ action instead.
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import contextlib
 import os
 import time
 from collections.abc import Callable
 
-STARVED_MIN_S = 0.02  # waits below this are scheduling noise, not a neighbour's storm
-HOST_BUSY = 0.9  # the machine's CPUs this busy or more: a waiting thread had no CPU to go to
-OWN_USE = 0.5  # a sandbox that used this share of its quota over the step had its CPU
-SAMPLE_S = 0.25  # how often HostLoad reads /proc/stat
+STARVED_MIN_S = 0.02  # own time this close to the limit is the limit (scheduling noise, clock reads)
+MAX_TASKS = 4096  # threads read per check: a sandbox holds at most its pids limit of them
+RATE_FLOOR = 0.02  # an own-time rate below this (a step all but stopped): wait for the cap, not 50x more
+OVERSHOOT_S = 0.5  # how far past its limit a step's own time may run between two checks
 
 
-def thread_waits_s(pid: int) -> dict[str, float]:
-    """Seconds each thread of ``pid`` spent runnable but not running (empty when it is gone)."""
-    out: dict[str, float] = {}
+def usable_cores(cores: float) -> float:
+    """A sandbox's quota in cores, at most the CPUs this process may run on: what it could use."""
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
+        cpus = len(os.sched_getaffinity(0))
     except OSError:
-        return out
-    for tid in tasks:
+        cpus = os.cpu_count() or 1
+    return min(cores, float(cpus))
+
+
+def tree_waits_s(pid: int) -> dict[int, float]:
+    """Seconds each thread of ``pid`` and of its descendants spent runnable but not running, by thread id
+    (empty when it is gone). Read only at a step's deadline, never on every step."""
+    out: dict[int, float] = {}
+    stack = [pid]
+    while stack and len(out) < MAX_TASKS:
+        proc = stack.pop()
         try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                out[tid] = int(f.read().split()[1]) / 1e9
-        except (OSError, ValueError, IndexError):
+            tids = os.listdir(f"/proc/{proc}/task")
+        except OSError:
             continue
+        for tid in tids:
+            base = f"/proc/{proc}/task/{tid}"
+            try:
+                with open(f"{base}/schedstat", "rb") as f:
+                    out[int(tid)] = int(f.read().split()[1]) / 1e9
+                with open(f"{base}/children", "rb") as f:
+                    stack.extend(int(c) for c in f.read().split())
+            except (OSError, ValueError, IndexError):
+                continue
     return out
 
 
-class HostLoad:
-    """The machine's CPU busy share since a moment, from ``/proc/stat`` sampled in the background (a step
-    pays nothing for it)."""
-
-    def __init__(self) -> None:
-        self.samples: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=int(120 / SAMPLE_S))
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        if self._task is None or self._task.done():
-            self.samples.append(self._read())
-            self._task = asyncio.get_running_loop().create_task(self._sample())
-
-    async def _sample(self) -> None:
-        while True:
-            await asyncio.sleep(SAMPLE_S)
-            self.samples.append(self._read())
-
-    @staticmethod
-    def _read() -> tuple[float, int, int]:
-        """(when, busy ticks, all ticks) of every CPU."""
-        with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/stat", "rb") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
-            idle = v[3] + v[4]
-            return time.monotonic(), sum(v) - idle, sum(v)
-        return time.monotonic(), 0, 0
-
-    def busy_since(self, t0: float) -> float | None:
-        """Busy share of the CPUs from the last sample at or before ``t0`` until now; None without one."""
-        base = None
-        for sample in reversed(self.samples):
-            if sample[0] <= t0:
-                base = sample
-                break
-        if base is None:
-            return None
-        _, busy, total = self._read()
-        return (busy - base[1]) / (total - base[2]) if total > base[2] else None
-
-
-host_load = HostLoad()
-
-
 class Starvation:
-    """One step's account: how much wall time it is owed, and whether it ended starved."""
+    """One step's account of its own time: how much more wall time it gets, and whether it ended starved."""
 
     def __init__(
-        self,
-        pid: int,
-        limit_s: float,
-        throttled: Callable[[], int],
-        usage_s: Callable[[], float],
-        cores: float,
-        fresh: bool,
+        self, pid: int, limit_s: float, usage_s: Callable[[], float], cores: float, wall_cap_s: float, fresh: bool
     ) -> None:
-        """``fresh``: a process made for this step (a one-shot's executor), whose waits so far are its
+        """``usage_s``: the sandbox group's CPU seconds so far; ``cores``: what it may use (``usable_cores``);
+        ``fresh``: a process made for this step (a one-shot's executor), whose threads' waits so far are its
         set-up's, a few ms at most: counted from 0, which saves reading them on every step."""
         self.pid = pid
         self.limit_s = limit_s
         self.cores = cores
-        self._throttled, self._usage = throttled, usage_s
+        self.wall_cap_s = max(wall_cap_s, limit_s)
+        self._usage = usage_s
         self._t0 = time.monotonic()
-        self._throttled0 = throttled()
         self._usage0 = usage_s()
-        self._waits0 = {} if fresh else thread_waits_s(pid)
-        self.given_s = 0.0
+        self._waits0 = {} if fresh else tree_waits_s(pid)
+        self._last = (0.0, 0.0)  # (wall, own) at the last check
+        self.kept_s = 0.0  # time it was kept off the CPU, as of the last check
         self.starved = False
 
-    def owed_s(self) -> float:
-        """More wall time for the step now (0: none owed, or not starved as seen from outside); sets
-        ``starved`` when it is owed more than the cap allows."""
-        if self._throttled() > self._throttled0:
-            return 0.0
+    def more_s(self) -> float:
+        """More wall time for the step now; 0 when its own time is up (the program's timeout) or when the
+        wall cap came first (``starved``: the node's)."""
         elapsed = time.monotonic() - self._t0
-        busy = host_load.busy_since(self._t0)
-        if busy is None or busy < HOST_BUSY:
-            return 0.0
-        if self._usage() - self._usage0 >= OWN_USE * self.cores * elapsed:
-            return 0.0
-        waits = thread_waits_s(self.pid)
+        deficit = max(0.0, self.cores * elapsed - (self._usage() - self._usage0))
+        waits = tree_waits_s(self.pid) if deficit >= STARVED_MIN_S else {}
         longest = max((w - self._waits0.get(tid, 0.0) for tid, w in waits.items()), default=0.0)
-        owed = longest - self.given_s
-        if owed < STARVED_MIN_S:
+        self.kept_s = max(0.0, min(longest, deficit))
+        own = elapsed - self.kept_s
+        left = self.limit_s - own
+        if left < STARVED_MIN_S:
             return 0.0
-        room = self.limit_s - self.given_s
+        room = self.wall_cap_s - elapsed
         if room < STARVED_MIN_S:
             self.starved = True
             return 0.0
-        give = min(owed, room)
-        self.given_s += give
-        return give
+        wall0, own0 = self._last
+        self._last = (elapsed, own)
+        rate = (own - own0) / (elapsed - wall0) if elapsed > wall0 else 1.0
+        # Own time grows at most as fast as the wall: waiting ``left + OVERSHOOT_S`` at most, the step never runs
+        # more than OVERSHOOT_S past its limit when its neighbours leave and it gets the CPU back.
+        return min(room, left / rate if rate > RATE_FLOOR else room, left + OVERSHOOT_S)
 
 
 class CpuPressure:

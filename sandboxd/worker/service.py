@@ -212,9 +212,14 @@ class Worker:
                 raise BadRequest(request_message(exc)) from None
             runner, session_id = req.runner, req.session_id
             action, limits = self.admit(req)
+            answer_by = h.get("answer_by")
+            limits = dataclasses.replace(
+                limits, tenant=str(h["tenant"]), answer_by=float(answer_by) if answer_by is not None else None
+            )
             if session_id is not None:
                 return await self._session_step(req, action, limits, h["tenant"], t0)
             deadline = float(h.get("deadline") or t0 + self.settings.queue_timeout_s)
+            limits = dataclasses.replace(limits, admit_by=deadline)
             priority = None
             if self.settings.scheduling == "oldest_rollout":
                 priority = self.rollouts.priority(h["tenant"], req.rollout_id, t0)
@@ -266,6 +271,8 @@ class Worker:
         return self._result(req.runner, outcome, t0, sid)
 
     def _result(self, runner: str, outcome: StepOutcome, t0: float, session_id: str | None) -> tuple[Header, bytes]:
+        if outcome.infra is not None:
+            return self._failed(runner, outcome.infra, t0, session_id, observation=outcome.observation)
         failure = outcome.failure
         error = None if failure is None else {"blame": "program", "code": failure.code, "message": failure.message}
         elapsed = time.monotonic() - t0

@@ -12,7 +12,7 @@ harness keeps when it collects ended children between cells (the session keeps i
 from __future__ import annotations
 
 ENVD_DRIVER = r"""
-import base64 as _b64, grp as _grp, json as _json, os as _os, pwd as _pwd, shutil as _sh, signal as _sig
+import base64 as _b64, grp as _grp, json as _json, os as _os, pwd as _pwd, signal as _sig
 import stat as _st, subprocess as _sp, sys as _sys, time as _time
 
 HOME, E2B_HOME = "/tmp", "/home/user"
@@ -75,21 +75,29 @@ def stat(path):
     return entry(local(path))
 
 
+LIST_MAX = 10000  # entries one listing returns at most: the tree is the sandbox's own to shape
+
+
 def list_dir(path, depth):
     root = local(path)
     if not _os.path.isdir(root):
         raise Refused("invalid", "not a directory: " + path)
     found = []
-
-    def walk(d, level):
-        for e in sorted(_os.scandir(d), key=lambda e: e.name):
-            if e.path == STATE:
-                continue
-            found.append(entry(e.path))
-            if level < depth and e.is_dir(follow_symlinks=False):
-                walk(e.path, level + 1)
-
-    walk(root, 1)
+    by_name = lambda e: e.name  # noqa: E731
+    stack = [(iter(sorted(_os.scandir(root), key=by_name)), 1)]
+    while stack:  # iterative, in the order a recursive walk lists them: any depth, no recursion
+        it, level = stack[-1]
+        e = next(it, None)
+        if e is None:
+            stack.pop()
+            continue
+        if e.path == STATE:
+            continue
+        if len(found) >= LIST_MAX:
+            raise Refused("invalid", "more than %d entries under %s: list with a smaller depth" % (LIST_MAX, path))
+        found.append(entry(e.path))
+        if level < depth and e.is_dir(follow_symlinks=False):
+            stack.append((iter(sorted(_os.scandir(e.path), key=by_name)), level + 1))
     return found
 
 
@@ -115,9 +123,44 @@ def remove(path):
     if p in (HOME, "/"):
         raise Refused("permission", "the home directory itself cannot be removed: " + path)
     if _os.path.isdir(p) and not _os.path.islink(p):
-        _sh.rmtree(p)
+        _remove_tree(p)
     else:
         _os.unlink(p)
+
+
+def _remove_tree(top):
+    # Iterative, one directory descriptor at a time, by single names (any depth: shutil.rmtree recurses).
+    flags = _os.O_RDONLY | _os.O_DIRECTORY | _os.O_NOFOLLOW | _os.O_CLOEXEC
+    fd = _os.open(top, flags)
+    names, pending = [], []
+    try:
+        while True:
+            if len(pending) == len(names):  # entered a directory: clear its files, note its directories
+                subdirs = []
+                with _os.scandir(fd) as it:
+                    for e in it:
+                        if e.is_dir(follow_symlinks=False):
+                            subdirs.append(e.name)
+                        else:
+                            _os.unlink(e.name, dir_fd=fd)
+                pending.append(subdirs)
+            if pending[-1]:
+                name = pending[-1].pop()
+                child = _os.open(name, flags, dir_fd=fd)
+                _os.close(fd)
+                fd = child
+                names.append(name)
+                continue
+            pending.pop()
+            if not names:
+                break
+            parent = _os.open("..", flags, dir_fd=fd)
+            _os.close(fd)
+            fd = parent
+            _os.rmdir(names.pop(), dir_fd=fd)
+    finally:
+        _os.close(fd)
+    _os.rmdir(top)
 
 
 def read(path, offset, size):

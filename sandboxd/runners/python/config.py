@@ -69,6 +69,17 @@ class PythonRunnerConfig(RunnerConfig):
     cpu_cores: float = Field(
         1.0, gt=0, le=64, description="CPU quota (cgroup cpu) of one sandbox, in cores: a one-shot slot or a session."
     )
+    wall_factor: float = Field(
+        0.0,
+        ge=0.0,
+        le=100.0,
+        description="A step is timed on its own time: wall time less the time other sandboxes kept it off the "
+        "CPU it may use. It ends as the program's timeout when that reaches its limit, and runs at most this many "
+        "times its limit on the wall; kept off the CPU past that, it is 503 node_pressure (infra). 0 = one and a "
+        "half times the cores a worker's sandboxes may run at once ((slots_per_worker + burst_slots_per_worker) "
+        "x cpu_cores; workers are one per vCPU), at least 2: a program looping on a node full of its own tenant's "
+        "programs is timed out as its own.",
+    )
     tmpfs_mb: int = Field(
         64, ge=1, description="Size of the private writable /tmp (the workdir) of each execution or session."
     )
@@ -109,7 +120,15 @@ class PythonRunnerConfig(RunnerConfig):
         default_factory=lambda: {"default": ["numpy", "pandas", "scipy", "sympy", "networkx", "matplotlib.pyplot"]},
         description="Modules imported ahead, per environment, by a template process in each one-shot jail; a step "
         "whose code imports one of them is forked from that template, so the import costs it nothing. The "
-        "template starts with the first such step of its jail (that step runs without it).",
+        "default environment's template starts with its jail (warm_templates); the others with the first step of "
+        "their jail that imports one (that step, and the others until it is ready, import for themselves).",
+    )
+    warm_templates: bool = Field(
+        True,
+        description="Start the default environment's template in every one-shot jail before the worker reports "
+        "ready (~1.3 s of CPU each, all slots at once), so that a node's first steps that import its preloads "
+        "are warm; False starts each with the first such step of its jail (that step, and the others until it is "
+        "ready, import for themselves).",
     )
     template_mb: int = Field(
         192,
@@ -127,6 +146,12 @@ class PythonRunnerConfig(RunnerConfig):
     cgroup_version: Literal[0, 1, 2] = Field(
         0, description="0 = detect; 1 = legacy per-controller hierarchies; 2 = unified."
     )
+
+    def resolved_wall_factor(self) -> float:
+        """``wall_factor``, with 0 resolved from the worker's density."""
+        if self.wall_factor:
+            return self.wall_factor
+        return max(2.0, 1.5 * (self.slots_per_worker + self.burst_slots_per_worker) * self.cpu_cores)
 
     def resolved_prefix(self) -> str:
         """The interpreter tree the jail's uid can read.

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import os
 import re
-import shutil
 import signal
 import socket
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from sandboxd.runners.python.jail import (
     recv_frame,
 )
 from sandboxd.runners.python.jailside import landlock, wire
+from sandboxd.runners.trees import remove_tree
 
 BIRTH_BYTES = 2 << 20  # charged to the source's group per member born there (page tables of ~200 MB, a stack)
 COPIES_MAX = 64  # jailside zygote.FORK_COPIES_MAX: the copies' shared tmpfs is sized for this many
@@ -78,11 +78,12 @@ class Lineage:
     async def _read(self) -> None:
         """The holder's reports, until it ends: then every member still running ended with it."""
         try:
-            while True:
-                head, _ = await recv_frame(self.holder.sock, SESSION_REPLY_MAX_HEADER_BYTES, 0)
-                fut = self.exits.get(head.get("pid", -1)) if head.get("op") == "exit" else None
-                if fut is not None and not fut.done():
-                    fut.set_result({k: head.get(k) for k in ("exit_code", "signal", "cpu_s", "max_rss_kb")})
+            with self.holder.in_use():  # closed meanwhile, the holder's channel goes once this read stops
+                while True:
+                    head, _ = await recv_frame(self.holder.sock, SESSION_REPLY_MAX_HEADER_BYTES, 0)
+                    fut = self.exits.get(head.get("pid", -1)) if head.get("op") == "exit" else None
+                    if fut is not None and not fut.done():
+                        fut.set_result({k: head.get(k) for k in ("exit_code", "signal", "cpu_s", "max_rss_kb")})
         except (wire.WireError, OSError):
             pass
         finally:
@@ -101,6 +102,7 @@ class Member:
     executor: Executor
     cgroup: CgroupGroup
     workdir: str
+    skipped: int = 0  # entries of the source's /tmp that are not files, directories or links (fifos, sockets)
 
 
 @dataclass
@@ -145,6 +147,13 @@ async def fork(
     ``SandboxSetupError`` when the fork broke before its members existed: the session's process is then in
     no known state. Otherwise the lineage (its holder is the source's old process) and, per member, a live
     ``Member`` or what stopped it; the caller keeps or closes each."""
+    with source.in_use():
+        return await _fork(source, source_cgroup, n, cgroups, keep)
+
+
+async def _fork(
+    source: Executor, source_cgroup: CgroupGroup, n: int, cgroups: list[CgroupGroup], keep: bool
+) -> tuple[Lineage, list[Member | BaseException]]:
     loop = asyncio.get_running_loop()
     tag = int.from_bytes(os.urandom(7), "big")
     ends = [_Ends.make() for _ in range(n + 1)]
@@ -249,7 +258,8 @@ async def _greet(
             f"python: copy {index} did not set up within {SANDBOX_READY_TIMEOUT_S:g} s (the session's own code, "
             "an at-fork hook or a signal handler, held it)"
         ) from None
-    return Member(executor, cgroup, str(ready["dir"]))
+    skipped = ready.get("skipped")
+    return Member(executor, cgroup, str(ready["dir"]), skipped if type(skipped) is int else 0)
 
 
 def _failed(frame: dict[str, Any], index: int) -> None:
@@ -269,8 +279,12 @@ def seccomp_filters(pid: int) -> int:
     return -1
 
 
-def remove_workdir(holder_pid: int, workdir: str) -> None:
-    """Delete a closed copy's directory, seen through the holder's root (the copy's processes are gone:
-    nothing renames under the walk; ``rmtree`` never follows a symbolic link)."""
-    if WORKDIR.fullmatch(workdir) and workdir.startswith(FORK_ROOT + "/"):
-        shutil.rmtree(f"/proc/{holder_pid}/root{workdir}", ignore_errors=True)
+def remove_workdir(holder_pid: int, workdir: str) -> bool:
+    """Delete a closed copy's directory, seen through the holder's root (the copy's processes are gone, and
+    no other member may reach it: nothing changes under the walk); True when it is gone. Any depth: the
+    copy's own program shaped it (``trees.remove_tree``)."""
+    if not (WORKDIR.fullmatch(workdir) and workdir.startswith(FORK_ROOT + "/")):
+        return True
+    if not os.path.isdir(f"/proc/{holder_pid}"):
+        return True  # the holder, its namespaces and their /forks tmpfs are gone: so are the files
+    return remove_tree(f"/proc/{holder_pid}/root{workdir}")

@@ -16,8 +16,10 @@ status from the zygote's report, never from the program.
 from __future__ import annotations
 
 import array
+import ast
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -25,6 +27,8 @@ import select
 import shlex
 import signal
 import socket
+import subprocess
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,7 @@ from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.environments import Environment
 from sandboxd.runners.python.jailside import wire
 from sandboxd.runners.starvation import Starvation
+from sandboxd.spawn import Child, spawn
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +93,24 @@ def jail_environments(cfg: PythonRunnerConfig) -> list[tuple[str, Environment]]:
     return list(environments.served(cfg.environments_dir).items())  # by name, as ``served`` keeps them
 
 
+JAIL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+
+
+@functools.cache
+def startup_modules(prefix: str) -> tuple[str, ...]:
+    """The modules ``python main.py`` of the jail's interpreter holds when ``main.py`` starts (asked once per
+    process): the zygote has them too, and a step's own file named like one loses, as there."""
+    exe = python_executable(prefix)
+    probe = "import sys; print(repr(sorted(sys.modules)))"  # importing json here would count json, re, ..."
+    env = {**JAIL_ENV, "LD_LIBRARY_PATH": f"{prefix}/lib"}
+    try:
+        out = subprocess.run([exe, "-s", "-c", probe], env=env, cwd="/", capture_output=True, timeout=30, check=True)
+        names = ast.literal_eval(out.stdout.decode())
+    except (OSError, subprocess.SubprocessError, ValueError, SyntaxError) as exc:
+        raise SandboxSetupError(f"cannot ask {exe} which modules it starts with: {exc!r}") from exc
+    return tuple(str(n) for n in names if n != "__main__")
+
+
 def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str = "sandbox") -> NsJailConfig:
     """The jail: empty tmpfs root, read-only system and interpreter, nothing of /run, /var, /home (sessions:
     only ``SESSION_HOME``, their own /tmp bound again); the built environments read-only at their own path."""
@@ -114,10 +137,7 @@ def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str =
         log_level=LogLevel.WARNING,
         # LD_LIBRARY_PATH: a copied pyenv build still has its RPATH pointing at the original tree.
         envar=[
-            "PATH=/usr/local/bin:/usr/bin:/bin",
-            "HOME=/tmp",
-            "LANG=C.UTF-8",
-            "TMPDIR=/tmp",
+            *(f"{k}={v}" for k, v in JAIL_ENV.items()),
             f"LD_LIBRARY_PATH={prefix}/lib",
             # Native libraries' thread pools: one thread each, so a template forks safely (a fork copies
             # one thread; a pool's others would be gone in every child) and a step uses its one core.
@@ -143,7 +163,10 @@ def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str =
         seccomp_string=[kafel_policy()],
         exec_bin=Exe(
             path=python_executable(prefix),
-            arg=["-I", "-S", "-B", f"{JAILSIDE_MOUNT}/zygote.py", mode, str(cfg.tmpfs_mb << 20), json.dumps(served)],
+            arg=[
+                *("-I", "-S", "-B", f"{JAILSIDE_MOUNT}/zygote.py", mode, str(cfg.tmpfs_mb << 20)),
+                *(json.dumps(served), json.dumps(startup_modules(prefix))),
+            ],
         ),
     )
 
@@ -160,6 +183,8 @@ class Executor:
     host_pid: int
     exit: asyncio.Future[dict[str, Any]]
     flavor: int | None = None  # the environment whose template it was forked from (its preloads); None: lean
+    users: int = 0  # steps, forks and readers working on its descriptors now (``in_use``)
+    closing: bool = False  # closed while in use: its descriptors go when the last user lets go
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError, OSError):
@@ -173,9 +198,28 @@ class Executor:
         poller.register(self.pidfd, select.POLLIN)
         return not poller.poll(0)
 
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """While a step, a fork or a reader works on its descriptors (the loop watches them): ``close`` then
+        only kills, and they are released when the last user lets go. A descriptor closed under the loop's
+        watch leaves it polling whatever gets that number next."""
+        self.users += 1
+        try:
+            yield
+        finally:
+            self.users -= 1
+            if self.closing and self.users == 0:
+                self._release()
+
     def close(self) -> None:
-        """Kill (a no-op once it has exited) and release every descriptor."""
+        """Kill (a no-op once it has exited) and release every descriptor (see ``in_use``)."""
         self.kill()
+        if self.users:
+            self.closing = True
+            return
+        self._release()
+
+    def _release(self) -> None:
         for fd in (self.out_r, self.err_r, self.pidfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -250,11 +294,13 @@ async def recv_frame(
 
 
 async def _recvmsg(sock: socket.socket, bufsize: int, ancsize: int) -> tuple[bytes, list[tuple[int, int, bytes]]]:
-    """``recvmsg`` for a non-blocking socket (asyncio has no ancillary-data API)."""
+    """``recvmsg`` for a non-blocking socket (asyncio has no ancillary-data API). Descriptors arrive
+    close-on-exec: a process the worker starts later (a jail, an SQL engine) must never hold a sandbox's
+    pipe, or closing it here would leave the worker's loop polling a file that is still open elsewhere."""
     loop = asyncio.get_running_loop()
     while True:
         try:
-            data, anc, _flags, _addr = sock.recvmsg(bufsize, ancsize)
+            data, anc, _flags, _addr = sock.recvmsg(bufsize, ancsize, socket.MSG_CMSG_CLOEXEC)
             return data, anc
         except BlockingIOError:
             fut: asyncio.Future[None] = loop.create_future()
@@ -294,7 +340,7 @@ class Jail:
     def __init__(self, name: str, mode: str, cfg: PythonRunnerConfig, cgroup: CgroupGroup, runtime_dir: Path) -> None:
         self.name, self.mode, self.cfg, self.cgroup = name, mode, cfg, cgroup
         self.runtime_dir = runtime_dir
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: Child | None = None
         self.ctl: socket.socket | None = None
         self._ctl_buf = bytearray()
         self._fds: list[int] = []
@@ -305,6 +351,8 @@ class Jail:
         self._warm: set[int] = set()  # environments whose template answered this jail's last request for it
         self._templates: set[int] = set()  # environments whose template this jail was asked to start
         self._template_acks: dict[int, asyncio.Future[bool]] = {}
+        self.template_modules: dict[int, frozenset[str]] = {}  # environment -> top-level modules its template imported
+        self._template_up: dict[int, asyncio.Event] = {}  # environment -> set when its template said it is ready
         self._exits: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
         self.zygote_pid = 0  # on the host; learnt from the zygote's first frame (SO_PASSCRED)
@@ -331,14 +379,10 @@ class Jail:
         joins = " ".join(f"echo $$ > {shlex.quote(str(p))} &&" for p in self.cgroup.procs_files)
         script = f'{joins} exec "$0" --config "$1"'
         with open(log_path, "wb") as logf:
-            self.proc = await asyncio.create_subprocess_exec(
-                "/bin/sh",
-                "-c",
-                script,
-                nsjail_binary(self.cfg),
-                str(cfg_path),
+            self.proc = spawn(
+                ["/bin/sh", "-c", script, nsjail_binary(self.cfg), str(cfg_path)],
                 stdin=theirs.fileno(),
-                stdout=asyncio.subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
                 stderr=logf,
                 start_new_session=True,
             )
@@ -349,6 +393,7 @@ class Jail:
         self._asked = 0
         self._warm.clear()
         self._templates.clear()
+        self._template_up.clear()
         self._cred_pid = 0
         try:
             header = await asyncio.wait_for(self._next_ctl_frame(), SANDBOX_READY_TIMEOUT_S)
@@ -399,6 +444,12 @@ class Jail:
                     fut = self._spawns.pop(msg.get("req", -1), None)
                     if fut is not None and not fut.done():
                         fut.set_exception(SandboxSetupError(f"jail {self.name}: {msg.get('error')}"))
+                elif op == "template_ready":
+                    env, modules = int(msg.get("env", -1)), msg.get("modules")
+                    if isinstance(modules, list):
+                        self.template_modules[env] = frozenset(str(m) for m in modules)
+                    self._warm.add(env)
+                    self._template_up.setdefault(env, asyncio.Event()).set()
                 elif op == "template":
                     ack = self._template_acks.pop(int(msg.get("env", -1)), None)
                     if ack is not None and not ack.done():
@@ -409,19 +460,23 @@ class Jail:
                     if not ex.done():
                         ex.set_result(msg)
         except (wire.WireError, OSError) as exc:
-            why = SandboxSetupError(f"jail {self.name} ended: {exc}")
-            pending: list[asyncio.Future[Any]] = [
-                *self._spawns.values(),
-                *self._exits.values(),
-                *self._template_acks.values(),
-            ]
-            for fut in pending:
-                if not fut.done():
-                    fut.set_exception(why)
-                    fut.exception()
-            self._spawns.clear()
-            self._exits.clear()
-            self._template_acks.clear()
+            self._fail_pending(SandboxSetupError(f"jail {self.name} ended: {exc}"))
+
+    def _fail_pending(self, why: SandboxSetupError) -> None:
+        """Nothing asked of this zygote will be answered: every waiter learns it now. Executor ids start
+        again with the next zygote, so an exit still waited for here would be answered by a new executor's."""
+        pending: list[asyncio.Future[Any]] = [
+            *self._spawns.values(),
+            *self._exits.values(),
+            *self._template_acks.values(),
+        ]
+        for fut in pending:
+            if not fut.done():
+                fut.set_exception(why)
+                fut.exception()
+        self._spawns.clear()
+        self._exits.clear()
+        self._template_acks.clear()
 
     def _exit_future(self, ex_id: int) -> asyncio.Future[dict[str, Any]]:
         fut = self._exits.get(ex_id)
@@ -493,6 +548,16 @@ class Jail:
         if not started:
             log.info("jail %s: no template for environment %d (its preloads failed too often)", self.name, flavor)
 
+    async def template_warm(self, flavor: int, timeout_s: float) -> bool:
+        """Wait until ``flavor``'s template (asked with ``ensure_template``) has imported its preloads."""
+        up = self._template_up.setdefault(flavor, asyncio.Event())
+        try:
+            async with asyncio.timeout(timeout_s):
+                await up.wait()
+        except TimeoutError:
+            return False
+        return True
+
     def _visit(self, group: CgroupGroup) -> None:
         """Move the zygote into ``group`` (pinned by a pidfd and checked: a pid number is not a process)."""
         if self.zygote_pid <= 0:
@@ -550,6 +615,7 @@ class Jail:
             with contextlib.suppress(BaseException):
                 await self._reader
             self._reader = None
+        self._fail_pending(SandboxSetupError(f"jail {self.name} was stopped"))
         if self.ctl is not None:
             self.ctl.close()
             self.ctl = None
@@ -599,13 +665,27 @@ async def run_step(
     kill_at: int,
     session: bool,
     grace_s: float,
-    cgroup: CgroupGroup | None = None,
-    cores: float = 1.0,
+    account: Callable[[], Starvation] | None = None,
 ) -> tuple[dict[str, Any], Output]:
     """Feed one request to ``ex``; collect output; enforce the wall clock and the output cap.
 
-    ``cgroup``: the sandbox's group (its ``cores`` of quota); given, time the program was kept off the CPU
-    by others is given back at the deadline (``starvation.py``)."""
+    ``account``: the step's account of its own time, opened when its request goes out; given, time the
+    program was kept off the CPU by others is given back at the deadline (``starvation.py``)."""
+    with ex.in_use():
+        return await _run_step(ex, header, body, timeout_s, cap, kill_at, session, grace_s, account)
+
+
+async def _run_step(
+    ex: Executor,
+    header: dict[str, Any],
+    body: bytes,
+    timeout_s: float,
+    cap: int,
+    kill_at: int,
+    session: bool,
+    grace_s: float,
+    account: Callable[[], Starvation] | None,
+) -> tuple[dict[str, Any], Output]:
     loop = asyncio.get_running_loop()
     out = Output(cap, kill_at)
     done: asyncio.Future[None] = loop.create_future()
@@ -642,11 +722,7 @@ async def run_step(
             reading = asyncio.ensure_future(
                 recv_frame(ex.sock, wire.MAX_HEADER_BYTES, header.get("fetch_max_bytes", 0))
             )
-        starvation = None
-        if cgroup is not None:
-            starvation = Starvation(
-                ex.host_pid, timeout_s, cgroup.throttled_periods, cgroup.cpu_usage_s, cores, fresh=not session
-            )
+        starvation = account() if account is not None else None
         # One-shot: the program is done when its executor (init of its pid namespace) exits, not when
         # its pipes close: a program that closes stdout and stderr and sleeps is still running.
         waiter: asyncio.Future[Any] = (
@@ -684,9 +760,9 @@ async def run_step(
                         ex.kill()
                 break  # the executor died (killed at a limit, or its kernel crashed)
             if starvation is not None and not interrupted:
-                owed = starvation.owed_s()
-                if owed > 0:
-                    deadline = loop.time() + owed
+                more = starvation.more_s()
+                if more > 0:
+                    deadline = loop.time() + more
                     continue
             timed_out = True
             if session and not interrupted:
@@ -729,7 +805,7 @@ async def run_step(
                 out.add(open_fds[fd], chunk)
     result: dict[str, Any] = {"timed_out": timed_out, "killed_by": killed_by}
     if timed_out and starvation is not None and starvation.starved:
-        result["starved"] = True
+        result.update(starved=True, kept_s=starvation.kept_s, wall_s=starvation.wall_cap_s)
     if step_exit is not None and step_exit.get("op") == "stage_error":
         result.update(stage_error=str(step_exit.get("error")), exit_code=None, signal=None, alive=True)
     elif step_exit is not None:
@@ -749,10 +825,4 @@ async def run_step(
         result["fetched"] = None  # the sandbox ended before the files could be read
     if "fetch" in header:
         result["fetch_paths"] = header["fetch"]
-    if result.get("signal") == signal.SIGXCPU or (
-        result.get("signal") == signal.SIGKILL
-        and killed_by is None
-        and float(result.get("cpu_s", 0)) >= int(header["cpu_s"])
-    ):
-        result.update(killed_by="time", timed_out=True)
     return result, out

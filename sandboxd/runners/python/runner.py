@@ -13,8 +13,12 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import re
 import secrets
+import sys
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,16 +40,18 @@ from sandboxd.runners.python.config import (
     SLOT_OVERHEAD_PIDS,
     PythonRunnerConfig,
 )
+from sandboxd.runners.python.environments import Environment
 from sandboxd.runners.python.fork import Lineage
-from sandboxd.runners.python.jail import Executor, Jail, Output, jail_environments, run_step
+from sandboxd.runners.python.jail import Executor, Jail, Output, jail_environments, run_step, startup_modules
 from sandboxd.runners.python.jailside import wire
 from sandboxd.runners.python.models import MAX_FILES, PythonAction, PythonObservation, PythonSessionOptions
 from sandboxd.runners.python.snapshot import read_workdir
-from sandboxd.runners.starvation import host_load
+from sandboxd.runners.starvation import Starvation, usable_cores
 
 log = logging.getLogger(__name__)
 
 SPAWN_RETRY_DELAYS_S = (0.02, 0.1, 0.3)  # a jail that could not fork is retried this often before a restart
+TEMPLATE_WARM_TIMEOUT_S = 120.0  # a template still importing after this at start: the worker starts without it
 
 
 @dataclass
@@ -90,6 +96,7 @@ class Session:
     keep_processes: bool = False  # what its cells start outlives them (PythonSessionOptions)
     lineage: Lineage | None = None  # a fork's namespaces it lives in (a copy, or a source after its fork)
     workdir: str = "/tmp"  # where its files are: a copy's own directory under fork.FORK_ROOT
+    seen: Counters = field(default_factory=lambda: Counters(0, 0))  # its group's counters after its last step
 
 
 def import_pattern(modules: list[str]) -> re.Pattern[str] | None:
@@ -141,6 +148,31 @@ def fetched_files(
     return files, missing
 
 
+MODULE_SUFFIXES = (".py", ".pyc", ".pyw", ".so")  # jailside/zygote.py's: ``.cpython-312-...so`` ends in ``.so``
+
+
+def module_tops(paths: Iterable[str]) -> set[str]:
+    """The top-level module names files at ``paths`` (relative to the working directory) could be imported
+    as; a name too many only costs a step its template (jailside/zygote.py's ``_tops`` is the same rule)."""
+    out = set()
+    for path in paths:
+        first = path.split("/", 1)[0]
+        if "/" in path:
+            out.add(first)
+        elif first.endswith(MODULE_SUFFIXES):
+            out.add(first.split(".", 1)[0])
+    return out
+
+
+def site_tops(env: Environment) -> set[str]:
+    """The top-level names importable from an environment's site directory."""
+    try:
+        names = os.listdir(env.site)
+    except OSError:
+        return set()
+    return {n.split(".", 1)[0] for n in names if not n.endswith((".dist-info", ".libs", ".pth")) and n[:1].isalpha()}
+
+
 def _close_executor(task: asyncio.Task[Executor]) -> None:
     """A prepared executor nobody will use (its flavor was not the step's)."""
     if not task.cancelled() and task.exception() is None:
@@ -161,6 +193,7 @@ class PythonRunner:
         self._restart_locks: dict[str, asyncio.Lock] = {}
         self._healer: asyncio.Task[None] | None = None
         self._leftover_cgroups: list[CgroupGroup] = []
+        self._leftover_dirs: list[tuple[Lineage, str]] = []  # closed copies' files not all deleted yet
         self._cold_seq = 0
         self._sandbox_seq = 0
         # The environments, numbered as the jails' zygotes number them; the default one, if it was built.
@@ -169,13 +202,20 @@ class PythonRunner:
         self._preloaded = {
             self.envs[n]: import_pattern(m) for n, m in cfg.preload.items() if n in self.envs and cfg.templates() > 0
         }
-        # What a step's own files must not be for its template's imports to be the ones a fresh interpreter
-        # would make: a module or package named like a preload (``numpy.py`` shadows numpy from the working
-        # directory), or a matplotlibrc (read at import).
-        self._shadowing = {
-            self.envs[n]: {m.split(".")[0] for m in mods} | {"matplotlibrc"}
-            for n, mods in cfg.preload.items()
-            if n in self.envs
+        # What a step's own files must not be named for its template's imports to be the ones ``python main.py``
+        # in its directory would make: a module the template imported that plain python has not at start (a
+        # ``calendar.py`` loses to numpy's calendar there, and wins under plain python), or a matplotlibrc
+        # (read at import). Until a jail's template has said what it imported: anything it could import.
+        startup = {name.split(".", 1)[0] for name in startup_modules(cfg.resolved_prefix())}
+        self._startup_tops = frozenset(startup)
+        self._template_tops: dict[int, frozenset[str]] = {}
+        self._could_shadow = {
+            self.envs[n]: frozenset(
+                (set(sys.stdlib_module_names) | site_tops(env) | {m.split(".")[0] for m in cfg.preload.get(n, [])})
+                - startup
+            )
+            | {"matplotlibrc"}
+            for n, env in jail_environments(cfg)
         }
         if cfg.default_environment and self.default_env is None:
             log.warning(
@@ -197,6 +237,8 @@ class PythonRunner:
             "forks": 0,
         }
         self._fork_refusal = fork.host_refusal()
+        self._cores = usable_cores(cfg.cpu_cores)
+        self._wall_factor = cfg.resolved_wall_factor()
 
     def capacity(self) -> int:
         return self.cfg.slots_per_worker
@@ -208,7 +250,6 @@ class PythonRunner:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        host_load.start()
         self.root = CgroupRoot(self.name, Path(self.cfg.cgroup_mount), self.cfg.cgroup_version or None)
         mem = self.cfg.memory_mb << 20
         jobs = []
@@ -242,6 +283,27 @@ class PythonRunner:
         self.stats["jail_starts"] += 1
         slot.next_executor = asyncio.create_task(self._spawn(slot.jail, slot.next_flavor))
         await asyncio.wait([slot.next_executor])
+        await self._warm_template(slot)
+
+    async def _warm_template(self, slot: Slot) -> None:
+        """The default environment's template, imported before the worker says it is ready: a node that has
+        just joined serves its first numpy steps as fast as its hundredth (lazily, each slot's first such
+        steps imported for themselves: 0.4-0.9 s each, 60x a warm one)."""
+        flavor = self.envs.get(self.default_env) if self.default_env is not None else None
+        if (
+            not self.cfg.warm_templates
+            or flavor is None
+            or slot.templates is None
+            or self._preloaded.get(flavor) is None
+        ):
+            return
+        try:
+            await slot.jail.ensure_template(flavor, slot.templates)
+        except (SandboxSetupError, OSError, TimeoutError, wire.WireError) as exc:
+            log.warning("slot %s: its template did not start: %r", slot.jail.name, exc)
+            return
+        if not await slot.jail.template_warm(flavor, TEMPLATE_WARM_TIMEOUT_S):
+            log.warning("slot %s: its template was not ready within %g s", slot.jail.name, TEMPLATE_WARM_TIMEOUT_S)
 
     async def _start_session_jail(self, sj: SessionJail) -> None:
         await sj.jail.start()
@@ -291,7 +353,7 @@ class PythonRunner:
         total = len(self.slots) + len(self.session_jails)
         if alive < total and (self._healer is None or self._healer.done()):
             self._healer = asyncio.create_task(self._heal())
-        if self._leftover_cgroups:
+        if self._leftover_cgroups or self._leftover_dirs:
             await self._retry_leftovers()
         return {
             "capacity": self.capacity(),
@@ -341,23 +403,32 @@ class PythonRunner:
         return name
 
     def _flavor(self, header: dict[str, Any], action: PythonAction) -> int | None:
-        """The template to fork this one-shot from: its environment's, when its code imports a preload."""
+        """The template to fork this one-shot from: its environment's, when its code imports a preload and
+        none of its files is named like a module the template imported (``_shadowed``)."""
         env = header.get("env")
         if not isinstance(env, int):
             return None
         pattern = self._preloaded.get(env)
         if pattern is None:
             return None
-        shadowing = self._shadowing[env]
-        for path in (*action.files, action.script or ""):
-            top = path.split("/", 1)[0]
-            if top.removesuffix(".py") in shadowing:
-                return None  # the step's own module (or rc file) must win, as under a fresh interpreter
+        if module_tops((*action.files, action.script or "")) & self._shadowed(env):
+            return None  # the step's own module (or rc file) must win, as under a fresh interpreter
         if pattern.search(action.code) or any(
             p.endswith(".py") and pattern.search(c) for p, c in action.files.items() if action.file_encoding == "utf-8"
         ):
             return env
         return None
+
+    def _shadowed(self, env: int) -> frozenset[str]:
+        """Top-level names a step's files must not have to be forked from ``env``'s template."""
+        known = self._template_tops.get(env)
+        if known is None:
+            for slot in self.slots:
+                modules = slot.jail.template_modules.get(env)
+                if modules is not None:
+                    known = self._template_tops[env] = (modules - self._startup_tops) | {"matplotlibrc"}
+                    break
+        return known if known is not None else self._could_shadow[env]
 
     def _execution(self, limits: StepLimits, files: list[tuple[str, bytes]], stdin: bytes) -> dict[str, Any]:
         """An execution's request header: its limits, and how its body splits into files and stdin."""
@@ -500,9 +571,15 @@ class PythonRunner:
     ) -> tuple[dict[str, Any], Output]:
         grace = self.cfg.interrupt_grace_s if session else 0.0
         cap, kill_at = header["max_output_bytes"], self.cfg.output_kill_bytes
-        return await run_step(
-            executor, header, body, limits.timeout_s, cap, kill_at, session, grace, cg, self.cfg.cpu_cores
-        )
+        timeout_s = limits.timeout_s
+
+        def account() -> Starvation:
+            wall_cap_s = timeout_s * self._wall_factor
+            if limits.answer_by is not None:  # never past the caller's own patience: the node's failure before it
+                wall_cap_s = min(wall_cap_s, limits.answer_by - time.monotonic())
+            return Starvation(executor.host_pid, timeout_s, cg.cpu_usage_s, self._cores, wall_cap_s, not session)
+
+        return await run_step(executor, header, body, timeout_s, cap, kill_at, session, grace, account)
 
     async def _run_in(
         self, jail: Jail, cg: CgroupGroup, executor: Executor, header: dict[str, Any], body: bytes, limits: StepLimits
@@ -550,8 +627,9 @@ class PythonRunner:
         if r.get("starved"):
             self.stats["node_pressure"] += 1
             raise NodePressure(
-                "the program was kept off the CPU by other sandboxes for longer than its own time limit; "
-                "it did not run out of time itself"
+                f"the program was kept off the CPU by other sandboxes for {r['kept_s']:.1f} s of the "
+                f"{r['wall_s']:.1f} s it was given (its limit times python.wall_factor); it did not use its own "
+                "time limit"
             )
         if after.oom_kills > before.oom_kills:
             if after.memory_limit_hits > before.memory_limit_hits:
@@ -574,6 +652,12 @@ class PythonRunner:
                     "the program could not start a process or thread under its own pids limit: the node (or "
                     "its pod) is at its process limit"
                 )
+        if killed_by is None and r.get("signal") == 9 and not limits_hit and not session:
+            # Neither its limits nor the worker killed it: something outside the sandbox did (said in the log,
+            # since the verdict below is the program's exit by that signal).
+            log.warning(
+                "python: a one-shot ended by SIGKILL that none of its limits sent (cpu %.3f s)", r.get("cpu_s", 0)
+            )
         if killed_by == "time":
             limits_hit.append("time")
         if killed_by == "output":
@@ -676,14 +760,17 @@ class PythonRunner:
             try:
                 result, out = await self._feed(sess.executor, sess.cgroup, header, body, limits, session=True)
             except (wire.WireError, OSError) as exc:
+                why = self._killed_why(sess) or f"its sandbox stopped answering ({exc!r})"
                 await self._drop_session(sess)
-                raise SessionLost(f"session {session_id}: its sandbox stopped answering ({exc!r})") from exc
+                raise SessionLost(f"session {session_id}: {why}") from exc
             sess.steps += 1
             if result.get("lost"):
+                why = self._killed_why(sess) or "its jail ended mid-step"
                 await self._drop_session(sess)
-                raise SessionLost(f"session {session_id}: its jail ended mid-step")
+                raise SessionLost(f"session {session_id}: {why}")
+            after = sess.seen = sess.cgroup.counters()
             try:
-                outcome = self._observation(result, out, before, sess.cgroup.counters(), sess.cgroup, session=True)
+                outcome = self._observation(result, out, before, after, sess.cgroup, session=True)
             except NodePressure as exc:
                 if result.get("alive") is False:
                     await self._drop_session(sess)
@@ -692,6 +779,19 @@ class PythonRunner:
             if not outcome.session_alive:
                 await self._drop_session(sess)
             return outcome
+
+    def _killed_why(self, sess: Session) -> str | None:
+        """Why a session's sandbox vanished, when its cgroup says the kernel's OOM killer took it (between steps
+        too, which no step's counters saw): its own limit, or the node's (pod's) memory; None otherwise."""
+        counters = sess.cgroup.counters()
+        if counters.oom_kills <= sess.seen.oom_kills:
+            return None
+        if counters.memory_limit_hits > sess.seen.memory_limit_hits:
+            return "its program reached the session's memory limit and the kernel killed its sandbox"
+        return (
+            "the node (or its pod) ran out of memory and the kernel killed its sandbox under its own limit "
+            "(node_pressure, not the program's doing)"
+        )
 
     async def _grade(self, session_id: str, action: PythonAction, limits: StepLimits) -> StepOutcome:
         """A one-shot in a fresh sandbox over a copy of the session's files (``snapshot.py``), taken while no
@@ -817,7 +917,13 @@ class PythonRunner:
                     workdir=m.workdir,
                 )
             self.stats["forks"] += 1
+        skipped = max(m.skipped for m in copies)
+        uncopied = (
+            f"python: {skipped} entries of the source's /tmp are neither files, directories nor links (fifos, "
+            "sockets) and were not copied"
+        )
         return [
+            *([uncopied] if skipped else []),
             f"python: each copy works in a directory of its own ({copies[0].workdir}, ...: a copy of the source's "
             "/tmp, with TMPDIR and HOME there), not in /tmp: the copies share the source's namespaces and each is "
             "confined to its own files by Landlock",
@@ -840,23 +946,50 @@ class PythonRunner:
             await self._drop_session(sess)
 
     async def _drop_session(self, sess: Session) -> None:
+        """End a session whatever state it is in: its sandbox killed, a copy's files deleted (they live in
+        the fork group's shared tmpfs), its cgroup removed, and the group's holder closed with its last
+        member. A cleanup that fails is logged and tried again (``health``), never the caller's answer."""
         self.sessions.pop(sess.session_id, None)
         sess.executor.close()
-        await self._remove_cgroup(sess.cgroup)
         lineage = sess.lineage
-        if lineage is not None:
-            if sess.workdir != "/tmp":  # a copy's files live on in the namespaces' tmpfs: charged to nobody now
-                await asyncio.to_thread(fork.remove_workdir, lineage.holder.host_pid, sess.workdir)
-            lineage.members.discard(sess.session_id)
-            if not lineage.members:  # the last one out closes the namespaces
-                lineage.close()
-                await self._remove_cgroup(lineage.cgroup)
+        try:
+            if lineage is not None and sess.workdir != "/tmp":
+                # Nothing of the copy may write while its files go; they are charged to its group until then.
+                await asyncio.to_thread(sess.cgroup.kill_all)
+                await self._remove_copy_files(lineage, sess.workdir)
+        finally:
+            await self._remove_cgroup(sess.cgroup)
+            if lineage is not None:
+                lineage.members.discard(sess.session_id)
+                if not lineage.members:  # the last one out closes the namespaces (and their tmpfs)
+                    lineage.close()
+                    await self._remove_cgroup(lineage.cgroup)
+
+    async def _remove_copy_files(self, lineage: Lineage, workdir: str) -> None:
+        if not lineage.holder.alive():
+            return  # the namespaces are gone, and their tmpfs with them
+        try:
+            gone = await asyncio.to_thread(fork.remove_workdir, lineage.holder.host_pid, workdir)
+        except Exception:
+            log.exception("python: removing a closed copy's files (%s)", workdir)
+            gone = False
+        if not gone:
+            log.warning("python: a closed copy's files (%s) are not all gone; trying again later", workdir)
+            self._leftover_dirs.append((lineage, workdir))
 
     async def _remove_cgroup(self, cg: CgroupGroup) -> None:
-        if not await asyncio.to_thread(cg.remove):
+        try:
+            gone = await asyncio.to_thread(cg.remove)
+        except Exception:
+            log.exception("python: removing a sandbox's cgroup")
+            gone = False
+        if not gone:
             self._leftover_cgroups.append(cg)  # still busy: health() tries again
 
     async def _retry_leftovers(self) -> None:
+        dirs, self._leftover_dirs = self._leftover_dirs, []
+        for lineage, workdir in dirs:
+            await self._remove_copy_files(lineage, workdir)
         pending, self._leftover_cgroups = self._leftover_cgroups, []
         for cg in pending:
             await self._remove_cgroup(cg)

@@ -6,12 +6,18 @@ name is resolved with ``openat2(RESOLVE_IN_ROOT)`` from a descriptor on it: a sy
 ``../../proc/1/root``) resolves inside the session's directory, never in the host's tree, and magic
 links are refused. Only regular files are copied, opened without blocking (a FIFO cannot hang the
 worker), within a count and a byte budget; what is skipped is said.
+
+The tree is the program's too, so the walk is iterative and bounded: paths longer than a step's own file
+paths may be (``MAX_PATH_BYTES``, which also bounds the depth) are not entered, at most ``MAX_ENTRIES``
+entries are read (400,000 empty files cost the worker nothing past that), and the skipped paths are listed
+up to ``SKIPPED_LISTED``, with how many more.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import platform
 import stat
@@ -19,12 +25,15 @@ import struct
 from dataclasses import dataclass, field
 
 from sandboxd.errors import SessionLost
+from sandboxd.runners.python.models import MAX_PATH_BYTES
 
 SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 _libc = ctypes.CDLL(None, use_errno=True)
 WORKDIR = "tmp"  # the session's working directory, relative to its root
+MAX_ENTRIES = 20_000  # directory entries one walk reads at most (files, directories, links, anything)
+SKIPPED_LISTED = 100  # skipped paths named one by one; the rest are counted
 
 
 @dataclass
@@ -52,57 +61,100 @@ def read_workdir(pid: int, max_files: int, max_bytes: int, workdir: str = WORKDI
         root = os.open(f"/proc/{pid}/root/{workdir}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
         raise SessionLost(f"the session's sandbox is gone ({exc.strerror})") from None
-    snap = Snapshot()
+    walk = _Walk(root, max_files, max_bytes)
     try:
-        _walk(root, "", snap, max_files, max_bytes)
+        walk.run()
     finally:
         os.close(root)
-    return snap
+    return walk.snap
 
 
-def _walk(root: int, rel: str, snap: Snapshot, max_files: int, max_bytes: int) -> None:
-    try:
-        d = _openat2(root, rel or ".", os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as exc:
-        snap.skipped[rel or "."] = exc.strerror or "unreadable"
-        return
-    try:
-        names = sorted(os.listdir(d))
-    finally:
-        os.close(d)
-    for name in names:
-        path = f"{rel}/{name}" if rel else name
-        if len(snap.files) >= max_files:
-            snap.skipped[path] = f"more than {max_files} files"
-            continue
+class _Walk:
+    """One bounded, iterative walk of a session's directory (depth-first, names in order)."""
+
+    def __init__(self, root: int, max_files: int, max_bytes: int) -> None:
+        self.root, self.max_files, self.max_bytes = root, max_files, max_bytes
+        self.snap = Snapshot()
+        self.entries = 0
+        self.unlisted = 0  # skipped paths past SKIPPED_LISTED
+
+    def skip(self, path: str, why: str) -> None:
+        if len(self.snap.skipped) < SKIPPED_LISTED:
+            self.snap.skipped[path] = why
+        else:
+            self.unlisted += 1
+
+    def run(self) -> None:
+        stack = [""]
+        while stack:
+            rel = stack.pop()
+            names = self._names(rel)
+            if names is None:
+                break
+            dirs = []
+            for name in names:
+                path = f"{rel}/{name}" if rel else name
+                if self._visit(path):
+                    dirs.append(path)
+            stack.extend(reversed(dirs))
+        if self.unlisted:
+            self.snap.skipped["..."] = f"and {self.unlisted} more paths skipped"
+
+    def _names(self, rel: str) -> list[str] | None:
+        """The directory's names, sorted; None once the walk has read ``MAX_ENTRIES`` (it stops there)."""
         try:
-            fd = _openat2(root, path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY)
+            d = _openat2(self.root, rel or ".", os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
-            snap.skipped[path] = "a symbolic link" if exc.errno == 40 else (exc.strerror or "unreadable")  # ELOOP
-            continue
+            self.skip(rel or ".", exc.strerror or "unreadable")
+            return []
+        names = []
+        try:
+            with os.scandir(d) as it:
+                for entry in it:
+                    self.entries += 1
+                    if self.entries > MAX_ENTRIES:
+                        self.skip(
+                            rel or ".", f"the session holds more than {MAX_ENTRIES} entries: the rest was not read"
+                        )
+                        return None
+                    names.append(entry.name)
+        finally:
+            os.close(d)
+        return sorted(names)
+
+    def _visit(self, path: str) -> bool:
+        """Copy ``path`` if it is a regular file that fits; True when it is a directory to enter."""
+        if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
+            self.skip(path[:200] + "...", f"a path longer than {MAX_PATH_BYTES} bytes")
+            return False
+        if len(self.snap.files) >= self.max_files:
+            self.skip(path, f"more than {self.max_files} files")
+            return False
+        try:
+            fd = _openat2(self.root, path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY)
+        except OSError as exc:
+            self.skip(path, "a symbolic link" if exc.errno == errno.ELOOP else (exc.strerror or "unreadable"))
+            return False
         try:
             mode = os.fstat(fd).st_mode
             if stat.S_ISDIR(mode):
-                os.close(fd)
-                fd = -1
-                _walk(root, path, snap, max_files, max_bytes)
-                continue
+                return True
             if not stat.S_ISREG(mode):
-                snap.skipped[path] = "not a regular file"
-                continue
+                self.skip(path, "not a regular file")
+                return False
             data = bytearray()
-            room = max_bytes - snap.total
+            room = self.max_bytes - self.snap.total
             while len(data) <= room:
                 chunk = os.read(fd, min(room + 1 - len(data), 1 << 20))
                 if not chunk:
                     break
                 data += chunk
             if len(data) > room:
-                snap.skipped[path] = f"the session's files pass {max_bytes} bytes in all"
-                continue
-            snap.files[path] = bytes(data)
-            snap.total += len(data)
+                self.skip(path, f"the session's files pass {self.max_bytes} bytes in all")
+                return False
+            self.snap.files[path] = bytes(data)
+            self.snap.total += len(data)
+            return False
         finally:
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)

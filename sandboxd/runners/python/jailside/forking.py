@@ -45,6 +45,8 @@ else:
     import wire
 
 FORK_ROOT = "/forks"  # sandboxd.runners.python.jail.FORK_ROOT: an empty mount point in session jails
+COPY_MAX_ENTRIES = 10_000  # entries of /tmp a fork copies into each copy; more is a refusal
+COPY_MAX_PATH_BYTES = 3072  # paths under /tmp it copies (under /forks/<24 hex> they stay below PATH_MAX)
 WORKDIR = "/tmp"
 HOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "holder.py")
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
@@ -90,6 +92,33 @@ def refusal(keep_processes: bool) -> str | None:
             f"the session holds a unix socket bound at {bound[0]}: its copies could reach it by that path "
             "(Landlock does not check connecting by path); close it before forking"
         )
+    return tree_refusal(WORKDIR)
+
+
+def tree_refusal(top: str) -> str | None:
+    """Why ``top`` cannot be copied whole into each copy (a copy is whole or the fork is refused), or None.
+    Walked iteratively, and only as far as the first bound it passes."""
+    entries = 0
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        try:
+            it = os.scandir(f"{top}/{rel}" if rel else top)
+        except OSError as exc:
+            return f"/tmp/{rel} cannot be read ({exc.strerror}): a copy would not be whole"
+        with it:
+            for entry in it:
+                entries += 1
+                if entries > COPY_MAX_ENTRIES:
+                    return f"/tmp holds more than {COPY_MAX_ENTRIES} entries: a fork copies it whole into every copy"
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                if len(path.encode("utf-8", "surrogateescape")) > COPY_MAX_PATH_BYTES:
+                    return (
+                        f"/tmp holds a path longer than {COPY_MAX_PATH_BYTES} bytes ({path[:60]}...): a fork copies "
+                        "the tree whole into every copy's own directory"
+                    )
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(path)
     return None
 
 
@@ -267,25 +296,39 @@ def _unshare_mappings() -> None:
 
 
 def _copy_tree(src: str, dst: str) -> int:
-    """Directories, regular files and symbolic links of ``src`` into ``dst``; returns how many entries of
-    other kinds (sockets, fifos) or unreadable ones were left out."""
+    """Directories, regular files and symbolic links of ``src`` into ``dst``, iteratively (the source was
+    checked against the bounds first: ``tree_refusal``); returns how many entries of other kinds (sockets,
+    fifos) or unreadable ones were left out."""
     skipped = 0
-    for entry in os.scandir(src):
-        target = f"{dst}/{entry.name}"
+    stack = [""]
+    modes: list[tuple[str, int]] = []  # directories' modes, set once their contents are in
+    while stack:
+        rel = stack.pop()
+        here, there = (f"{src}/{rel}", f"{dst}/{rel}") if rel else (src, dst)
         try:
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                os.symlink(os.readlink(entry.path), target)
-            elif stat.S_ISDIR(st.st_mode):
-                os.mkdir(target, 0o700)
-                skipped += _copy_tree(entry.path, target)
-                os.chmod(target, stat.S_IMODE(st.st_mode))
-            elif stat.S_ISREG(st.st_mode):
-                _copy_file(entry.path, target, st)
-            else:
-                skipped += 1
+            entries = list(os.scandir(here))
         except OSError:
             skipped += 1
+            continue
+        for entry in entries:
+            target = f"{there}/{entry.name}"
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    os.symlink(os.readlink(entry.path), target)
+                elif stat.S_ISDIR(st.st_mode):
+                    os.mkdir(target, 0o700)
+                    stack.append(f"{rel}/{entry.name}" if rel else entry.name)
+                    modes.append((target, stat.S_IMODE(st.st_mode)))
+                elif stat.S_ISREG(st.st_mode):
+                    _copy_file(entry.path, target, st)
+                else:
+                    skipped += 1
+            except OSError:
+                skipped += 1
+    for path, mode in reversed(modes):
+        with contextlib.suppress(OSError):
+            os.chmod(path, mode)
     return skipped
 
 

@@ -93,6 +93,10 @@ DENIED = [
     "io_uring_setup",
     "io_uring_enter",
     "io_uring_register",
+    # A sandbox's CPUs are the node's to place: pinned to fewer CPUs than its quota, a program's threads wait
+    # behind each other while its group is under its quota, and those waits would read as a neighbour's
+    # starvation (starvation.py); getting the affinity stays allowed.
+    "sched_setaffinity",
 ]
 
 # (audit arch, syscall table); numbers from the kernel's uapi headers.
@@ -145,6 +149,7 @@ _X86_64 = (
         "io_uring_setup": 425,
         "io_uring_enter": 426,
         "io_uring_register": 427,
+        "sched_setaffinity": 203,
         "clone": 56,
         "clone3": 435,
         "socket": 41,
@@ -198,6 +203,7 @@ _AARCH64 = (
         "io_uring_setup": 425,
         "io_uring_enter": 426,
         "io_uring_register": 427,
+        "sched_setaffinity": 122,
         "clone": 220,
         "clone3": 435,
         "socket": 198,

@@ -91,16 +91,23 @@ _sock_recv = _socket.socket.recv
 _json_decode = json.JSONDecoder().decode
 _json_encode = json.JSONEncoder(separators=(",", ":")).encode
 _PREFIX = wire.PREFIX
+_threading = threading
 _threading_shutdown = threading._shutdown  # type: ignore[attr-defined]
 _atexit_run = atexit._run_exitfuncs
 _print_exception = traceback.print_exception
 _linecache = linecache.cache
 _sys_excepthook = sys.__excepthook__
 _TextIOWrapper, _BytesIO = io.TextIOWrapper, io.BytesIO
+_ModuleType = type(sys)
 _sys = sys
 _streams: list[Any] = []  # the stdio objects the harness made for the program: flushed whatever it rebinds
 # The environments this jail serves, by index: (site directory, modules its template preloads). From argv.
 _ENVS: list[tuple[str, list[str]]] = []
+# The modules plain ``python main.py`` of this interpreter holds when ``main.py`` starts (from argv: the
+# worker asked the interpreter once). A step's own module named like one of these loses to it there, and
+# here; named like anything else this harness (or a template) imported, it wins there, and must here.
+_STARTUP: frozenset[str] = frozenset()
+_MODULE_SUFFIXES = (".py", ".pyc", ".pyw", ".so")  # and the ``.cpython-...so`` kind, which ends in ``.so``
 
 # Modules that typical agent programs import, loaded once here so that every
 # execution starts with them warm (shared copy-on-write pages, not an import).
@@ -212,6 +219,11 @@ TEMPLATE_MAX_FAILURES = 3  # an environment's template that died this often in o
 
 
 def _boot() -> None:
+    for name in sorted(_STARTUP):  # what plain python has at start is here too, whatever -S left out
+        try:
+            __import__(name)
+        except ImportError:
+            pass
     for name in PRELOAD:
         __import__(name)
     # ``python -S`` (no site-packages on the jail's path) also skips the builtins ``site`` adds; programs
@@ -283,6 +295,11 @@ class _Template:
         self.buf = bytearray()
         self.fds: list[int] = []
         self.pending: list[int] = []  # request numbers of the executors asked of it, in order
+        # Its executors by pid, apart from the zygote's own: the template reaps them and says so later, and
+        # by then the zygote may have forked an executor that got the same pid (a fork bomb runs the jail's
+        # pids round in seconds). In one map, that one's step was answered with the other's exit (SIGKILL,
+        # the other's CPU time) while its program ran on.
+        self.ids: dict[int, int] = {}
 
 
 def _start_template(env: int, mode: str, tmpfs_bytes: int, filter_program: bytes, close: tuple[int, ...]) -> _Template:
@@ -305,6 +322,8 @@ def _start_template(env: int, mode: str, tmpfs_bytes: int, filter_program: bytes
 
 
 def template_main(chan: socket.socket, env: int, mode: str, tmpfs_bytes: int, filter_program: bytes) -> None:
+    global _IN_TEMPLATE
+    _IN_TEMPLATE = True
     site, modules = _ENVS[env]
     sys.path[:] = [*_PROGRAM_PATH, site]
     failed = []
@@ -313,7 +332,8 @@ def template_main(chan: socket.socket, env: int, mode: str, tmpfs_bytes: int, fi
             __import__(name)
         except BaseException as exc:  # a broken package costs its importers the import, nothing else
             failed.append(f"{name}: {exc!r}")
-    chan.sendall(wire.encode({"op": "template_ready", "failed": failed}))
+    tops = sorted({name.split(".", 1)[0] for name in sys.modules})
+    chan.sendall(wire.encode({"op": "template_ready", "failed": failed, "modules": tops}))
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -401,6 +421,13 @@ def zygote_main(mode: str, tmpfs_bytes: int) -> None:
         for req in t.pending:
             lean(req)  # asked of a template that is gone: served plainly, never lost
         t.pending.clear()
+        for pid, ex_id in t.ids.items():  # its executors still alive are ours now (orphans come to pid 1)
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    ids[pid] = ex_id
+            except ChildProcessError:
+                pass  # it reaped that one already and its word was lost with it: that step's deadline tells
+        t.ids.clear()
         for fd in t.fds:
             os.close(fd)
         t.sock.close()
@@ -415,7 +442,12 @@ def zygote_main(mode: str, tmpfs_bytes: int) -> None:
             os.read(wake_r, 512)
         for pid, status, ru in _reaped():
             ex_id = ids.pop(pid, None)
-            if ex_id is not None:  # ours, or a dead template's orphan (reparented to us)
+            if ex_id is None:  # a dying template's executor, reparented to us before the template was dropped
+                for t in templates.values():
+                    if pid in t.ids:
+                        ex_id = t.ids.pop(pid)
+                        break
+            if ex_id is not None:
                 ctl.sendall(wire.encode({**wire.exit_report(status, ru), "id": ex_id}))
             for t in list(templates.values()):
                 if t.pid == pid:
@@ -431,16 +463,20 @@ def zygote_main(mode: str, tmpfs_bytes: int) -> None:
                 op = frame.get("op")
                 if op == "template_ready":
                     t.ready = True
+                    # The worker forks a step from it only when none of the step's files is named like a
+                    # module it imported: those would lose to the template's, and win under ``python main.py``.
+                    modules = frame.get("modules")
+                    ctl.sendall(wire.encode({"op": "template_ready", "env": t.env, "modules": modules}))
                 elif op == "executor" and t.pending:
                     next_id += 1
-                    ids[int(frame["pid"])] = next_id
+                    t.ids[int(frame["pid"])] = next_id
                     fds, t.fds = t.fds[:3], t.fds[3:]
                     header = {"op": "executor", "id": next_id, "req": t.pending.pop(0), "warm": True}
                     _send_fds(ctl, header, fds)
                 elif op == "spawn_error" and t.pending:
                     lean(t.pending.pop(0))
                 elif op == "exit":
-                    ex_id = ids.pop(int(frame["pid"]), None)
+                    ex_id = t.ids.pop(int(frame["pid"]), None)
                     if ex_id is not None:
                         frame.pop("pid")
                         ctl.sendall(wire.encode({**frame, "id": ex_id}))
@@ -596,9 +632,10 @@ def executor_main(
     script = WORKDIR + "/" + str(req["script"]) if req.get("script") else None
     site = _env_site(req)
     if fetch:
-        return _run_and_fetch(sock, lambda: _run_oneshot(code, script, site), list(fetch), int(req["fetch_max_bytes"]))
+        program = lambda: _run_oneshot(code, script, site, _tops(req))  # noqa: E731
+        return _run_and_fetch(sock, program, list(fetch), int(req["fetch_max_bytes"]))
     sock.close()  # the program gets no channel to the worker
-    return _run_oneshot(code, script, site)
+    return _run_oneshot(code, script, site, _tops(req))
 
 
 def _exec_program(spec: dict[str, Any]) -> int:
@@ -683,7 +720,11 @@ def _limits(req: dict[str, Any], session: bool) -> None:
         soft = int(used.ru_utime + used.ru_stime) + cpu + 1
         _setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
         return
-    _setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    # A backstop only: the worker ends a step at its own time (the wall less what others kept from it), and the
+    # kernel's count behind RLIMIT_CPU ran ~1.5x the process's own rusage on a saturated machine (a loop was
+    # SIGKILLed at 1.9 s of its 2 s limit, as "exited by signal 9").
+    backstop = 2 * cpu + 5
+    _setrlimit(resource.RLIMIT_CPU, (backstop, backstop))
     _setrlimit(resource.RLIMIT_FSIZE, (int(req["fsize_bytes"]),) * 2)
     _setrlimit(resource.RLIMIT_NOFILE, (int(req["nofile"]),) * 2)
     _setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -725,14 +766,51 @@ def _env_site(req: dict[str, Any]) -> str | None:
     return _ENVS[env][0] if type(env) is int and 0 <= env < len(_ENVS) else None
 
 
+def _tops(req: dict[str, Any]) -> set[str]:
+    """The top-level module names the step's files could be imported as (a name too many only costs a purge)."""
+    out = set()
+    for rel, *_ in req.get("files", []):
+        first = str(rel).split("/", 1)[0]
+        if "/" in str(rel):
+            out.add(first)
+        elif first.endswith(_MODULE_SUFFIXES):
+            out.add(first.split(".", 1)[0])
+    script = req.get("script")
+    if script:
+        out.add(str(script).split(".", 1)[0])
+    return out
+
+
+_ORIGINALS: dict[str, Any] = {}  # the modules the harness imported, as it imported them (``_shadow``)
+# In a template and its executors: its preloads (numpy, ...) cannot be imported twice in one process, so a
+# step whose files are named like a module it imported is never sent here (the worker runs it lean).
+_IN_TEMPLATE = False
+
+
+def _shadow(tops: set[str]) -> None:
+    """Make the step's own modules win as they would under ``python main.py`` in its directory: when one is
+    named like a module this interpreter imported and plain python would not have at start, every such
+    module still as the harness imported it leaves ``sys.modules``, and the program imports afresh (its
+    own files first on the path) whatever it imports. The harness keeps its own references."""
+    if _IN_TEMPLATE:
+        return
+    if not _ORIGINALS:
+        _ORIGINALS.update(sys.modules)
+    startup_tops = {name.split(".", 1)[0] for name in _STARTUP}
+    present = {name.split(".", 1)[0] for name, mod in sys.modules.items() if _ORIGINALS.get(name) is mod}
+    if not (tops & present) - startup_tops:
+        return
+    for name, mod in list(sys.modules.items()):
+        if name not in _STARTUP and _ORIGINALS.get(name) is mod:
+            del sys.modules[name]
+
+
 def _fresh_main(script: str | None = None, site: str | None = None) -> dict[str, Any]:
     """``__main__`` as CPython makes it for ``python -c`` (no script) or ``python <script>``; the step's
     environment, if any, last on the path, where site-packages would be."""
-    import types
-
     for name in [m for m in sys.modules if m in ("seccomp", "wire", "landlock", "forking", "__mp_main__")]:
         del sys.modules[name]
-    main = types.ModuleType("__main__")
+    main = _ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins  # the real module: the program's own, to change as it likes
     sys.modules["__main__"] = main
     tail = [site] if site else []
@@ -818,6 +896,12 @@ def _end_program(rc: int) -> int:
         _threading_shutdown()
     except BaseException:
         pass
+    current = _sys.modules.get("threading")
+    if current is not None and current is not _threading:  # imported afresh (``_shadow``): its threads too
+        try:
+            current._shutdown()
+        except BaseException:
+            pass
     try:
         _atexit_run()
     except BaseException:
@@ -826,7 +910,8 @@ def _end_program(rc: int) -> int:
     return rc
 
 
-def _run_oneshot(code: bytes, script: str | None, site: str | None) -> int:
+def _run_oneshot(code: bytes, script: str | None, site: str | None, tops: set[str]) -> int:
+    _shadow(tops)
     namespace = _fresh_main(script, site)
     _stdio()
     return _end_program(_exec_code(code, namespace, script or "<program>"))
@@ -971,6 +1056,7 @@ def _cell(
     except (OSError, ValueError) as exc:
         return _json_encode({"op": "stage_error", "error": str(exc), "tag": tag}).encode()
     _limits(req, session=True)
+    _shadow(_tops(req))
     _sys.stdin = _TextIOWrapper(_BytesIO(stdin), encoding="utf-8")
     if signal.SIGINT in _sigpending():
         _sigtimedwait(sigint, 0)  # an interrupt meant for an earlier cell
@@ -1069,6 +1155,7 @@ def _reaped_statuses() -> dict[int, int]:
 if __name__ == "__main__":
     try:
         _ENVS[:] = [(str(site), [str(m) for m in mods]) for site, mods in json.loads(sys.argv[3])]
+        _STARTUP = frozenset(str(m) for m in json.loads(sys.argv[4]))
         zygote_main(sys.argv[1], int(sys.argv[2]))
     except KeyboardInterrupt:
         pass
