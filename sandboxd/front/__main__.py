@@ -24,6 +24,7 @@ import uvicorn
 from sandboxd.app import create_app
 from sandboxd.config import settings_model
 from sandboxd.serving import uvicorn_options
+from sandboxd.spawn import close_inherited
 
 PR_SET_PDEATHSIG = 1
 
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--fd", type=int, required=True)
     args = parser.parse_args(argv)
+    close_inherited(keep=(args.fd,))  # the port, and nothing else the node's process held
+    os.set_inheritable(args.fd, False)
     with contextlib.suppress(Exception):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     settings = settings_model().model_validate_json(os.environ["SANDBOXD_NODE_SETTINGS"])

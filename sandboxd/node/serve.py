@@ -28,6 +28,7 @@ from sandboxd.config import NodeSettings
 from sandboxd.metrics import MULTIPROC_ENV
 from sandboxd.node.core import NodeCore, node_socket
 from sandboxd.node.probes import serve_probes
+from sandboxd.spawn import Child, spawn
 
 log = logging.getLogger("sandboxd.node")
 FRONT_RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
@@ -50,7 +51,7 @@ class Fronts:
         self.settings = settings
         self.core = core
         self.sock = sock
-        self.procs: list[asyncio.subprocess.Process | None] = [None] * settings.front_count()
+        self.procs: list[Child | None] = [None] * settings.front_count()
         self.stopping = False
         self.restarts = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -62,14 +63,15 @@ class Fronts:
         env[MULTIPROC_ENV] = str(Path(self.settings.runtime_dir) / "metrics")
         return env
 
-    async def _spawn(self, index: int) -> asyncio.subprocess.Process:
+    async def _spawn(self, index: int) -> Child:
         fd = self.sock.fileno()
         # pass_fds: the fronts get the port; the socket is not inheritable, so nothing else the node starts
         # (a worker, its jails, its SQL engines) holds it, where it could accept other tenants' requests.
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sandboxd.front", "--index", str(index), "--fd", str(fd),
-            env=self._env(), pass_fds=(fd,), stdin=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
+        return spawn(
+            [sys.executable, "-m", "sandboxd.front", "--index", str(index), "--fd", str(fd)],
+            env=self._env(),
+            pass_fds=(fd,),
+        )
 
     async def start(self, timeout_s: float = 120.0) -> None:
         for i in range(len(self.procs)):

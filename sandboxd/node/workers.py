@@ -27,6 +27,7 @@ from sandboxd.constants import WORKER_RESTART_BACKOFF_S, WORKER_START_TIMEOUT_S
 from sandboxd.errors import SandboxdError, SandboxSetupError
 from sandboxd.links import Channel
 from sandboxd.metrics import MULTIPROC_ENV
+from sandboxd.spawn import Child, spawn
 
 log = logging.getLogger("sandboxd.workers")
 
@@ -42,7 +43,7 @@ class WorkerProc:
         self.index = index
         self.settings = settings
         self.on_event = on_event
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: Child | None = None
         self.link: Channel | None = None
         self.incarnation = ""
         self.capacity: dict[str, int] = {}
@@ -59,16 +60,9 @@ class WorkerProc:
         self.incarnation = secrets.token_hex(3)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "sandboxd.worker",
-            "--index",
-            str(self.index),
-            "--incarnation",
-            self.incarnation,
+        self.proc = spawn(
+            [sys.executable, "-m", "sandboxd.worker", "--index", str(self.index), "--incarnation", self.incarnation],
             env=env,
-            stdin=asyncio.subprocess.DEVNULL,
         )
         deadline = time.monotonic() + WORKER_START_TIMEOUT_S
         while True:  # it listens once its runners are warm

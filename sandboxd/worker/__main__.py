@@ -22,6 +22,7 @@ from sandboxd.board import Board
 from sandboxd.config import settings_model
 from sandboxd.links import Channel
 from sandboxd.node.workers import worker_socket
+from sandboxd.spawn import close_inherited
 from sandboxd.worker.service import Worker
 
 log = logging.getLogger("sandboxd.worker")
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--incarnation", required=True)
     args = parser.parse_args(argv)
+    close_inherited()  # a worker holds what it opens itself: its jails and engines inherit none of it
     # Die with the node even if it is SIGKILLed (no orphaned jails).
     with contextlib.suppress(Exception):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

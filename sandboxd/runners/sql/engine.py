@@ -365,7 +365,14 @@ def fork_server(ctl: socket.socket, cfg: dict[str, Any]) -> None:
 
 def main() -> None:
     cfg = orjson.loads(sys.argv[1])
-    ctl = socket.socket(fileno=int(sys.argv[2]))
+    fd = int(sys.argv[2])
+    # Every engine forked from here holds what this process holds: only the worker's channel (and 0, 1, 2)
+    # pass, whatever the worker's process manager left open (sandboxd.spawn.close_inherited, inlined: this
+    # module imports nothing of sandboxd).
+    os.closerange(3, fd)
+    os.closerange(fd + 1, 1 << 16)
+    ctl = socket.socket(fileno=fd)
+    ctl.set_inheritable(False)
     fork_server(ctl, cfg)
 
 

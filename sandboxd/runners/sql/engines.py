@@ -8,6 +8,7 @@ inherited its number.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import itertools
@@ -26,6 +27,7 @@ from sandboxd import ipc
 from sandboxd.errors import SandboxSetupError
 from sandboxd.runners.cgroups import CgroupGroup
 from sandboxd.runners.sql.engine import SPILL_DIR
+from sandboxd.spawn import Child, spawn
 
 SPAWN_TIMEOUT_S = 20.0  # fork + opening the database; generous for a loaded machine
 MAX_SPILL_ENTRIES = 10_000
@@ -124,6 +126,17 @@ class Engine:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
+def _recv_fds(sock: socket.socket, bufsize: int, maxfds: int) -> tuple[bytes, list[int]]:
+    """``socket.recv_fds`` with the descriptors close-on-exec (the standard one drops its ``flags``): an engine's
+    pidfd must not live on in a jail the worker starts later."""
+    fds = array.array("i")
+    msg, anc, _flags, _addr = sock.recvmsg(bufsize, socket.CMSG_LEN(maxfds * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    return msg, list(fds)
+
+
 class EngineHost:
     """The worker's fork server of DuckDB engines (one per worker; it runs no statement itself)."""
 
@@ -131,7 +144,7 @@ class EngineHost:
         self.config = config
         self.temp_root = temp_root
         self.frame_limit = frame_limit
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: Child | None = None
         self.ctl: socket.socket | None = None
         self.lock = asyncio.Lock()
         self.ids = itertools.count(1)
@@ -141,14 +154,10 @@ class EngineHost:
         self.temp_root.mkdir(parents=True, exist_ok=True)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "sandboxd.runners.sql.engine",
-                orjson.dumps(self.config).decode(),
-                str(theirs.fileno()),
+            config = orjson.dumps(self.config).decode()
+            self.proc = spawn(
+                [sys.executable, "-m", "sandboxd.runners.sql.engine", config, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
-                stdin=asyncio.subprocess.DEVNULL,
             )
         finally:
             theirs.close()
@@ -196,7 +205,7 @@ class EngineHost:
         assert self.ctl is not None
         try:
             socket.send_fds(self.ctl, [orjson.dumps(req)], [theirs.fileno()])
-            msg, fds, _flags, _addr = socket.recv_fds(self.ctl, 1 << 16, 1)
+            msg, fds = _recv_fds(self.ctl, 1 << 16, 1)
         except OSError as exc:
             raise SandboxSetupError(f"the SQL fork server does not answer: {exc}") from exc
         if not msg:
