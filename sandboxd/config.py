@@ -162,12 +162,15 @@ class NodeSettings(BaseSettings):
     max_connections_per_address: int = Field(
         1024,
         ge=1,
-        description="Connections one client address may hold to one front process; more are refused (429) at once.",
+        description="Connections one client address may hold to one front process before they authenticate; more "
+        "are refused (429) at once. An authenticated connection counts for its tenant instead (many tenants "
+        "often share an address: an ingress, a NAT, a mesh sidecar).",
     )
     max_connections_per_tenant: int = Field(
         1024,
         ge=1,
-        description="Connections one tenant (API key) may hold to one front process; more are refused (429).",
+        description="Connections one tenant (API key) may hold to the node (all its front processes together); "
+        "more are refused (429).",
     )
     ws_ping_interval_s: float = Field(
         20.0, gt=0, description="WebSockets (OpenEnv) are pinged this often and closed when a ping goes unanswered."
@@ -196,7 +199,10 @@ class NodeSettings(BaseSettings):
         512, ge=1, description="Live sessions one tenant (API key) may hold on this node; more is a 429."
     )
     tenant_max_inflight: int = Field(
-        1024, ge=1, description="Steps one tenant may have running or queued on this node; more is a 429."
+        1024,
+        ge=1,
+        description="Steps one tenant may have running or queued on this node (all its front processes together); "
+        "more is a 429.",
     )
     memory_budget_mb: int = Field(
         0,

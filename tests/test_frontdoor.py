@@ -337,3 +337,56 @@ def test_only_the_fronts_hold_the_nodes_port(node: NodeProcess) -> None:
             if any(os.readlink(fd) == inode for fd in Path(f"/proc/{pid}/fd").iterdir()):
                 holders.append(pid)
     assert sorted(holders) == sorted({int(status["pid"]), *status["fronts"]}), (holders, status)
+
+
+def test_a_tenants_connections_are_capped_node_wide_and_never_count_against_its_address() -> None:
+    """Two front processes: a tenant's authenticated connections count once on the whole node (921c1ca: per
+    front, K times the cap), and never against the address they come from (921c1ca: one key's 1,024 idle
+    connections refused every other tenant behind the same ingress or NAT); connections that have not
+    authenticated are what the address cap counts."""
+    n = NodeProcess(
+        {
+            "SANDBOXD_RUNNERS": '["textgame"]',
+            "SANDBOXD_WORKERS": "1",
+            "SANDBOXD_FRONTS": "2",
+            "SANDBOXD_API_KEYS": f'["{KEY}", "{OTHER}"]',
+            "SANDBOXD_MAX_CONNECTIONS_PER_ADDRESS": "6",
+            "SANDBOXD_MAX_CONNECTIONS_PER_TENANT": "8",
+        }
+    )
+    held: list[socket.socket] = []
+    try:
+        n.wait_ready(120)
+        head = f"GET /runners HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode()
+
+        def authenticated() -> bytes:
+            s = socket.create_connection(("127.0.0.1", n.port), timeout=5)
+            held.append(s)
+            s.sendall(head)
+            out = b""
+            while b"\r\n\r\n" not in out:
+                out += s.recv(65536)
+            return out
+
+        answers = [authenticated() for _ in range(12)]  # more than the address cap: they are the tenant's
+        ok = [status_of(a) for a in answers].count(200)
+        refused = [a for a in answers if status_of(a) == 429]
+        assert ok == 8 and len(refused) == 4, [status_of(a) for a in answers]  # 8 on the node, both fronts
+        assert all(b"max_connections_per_tenant" in a for a in refused)
+        # The other tenant, from the same address, is served while the first holds all it may.
+        other = httpx.get(f"{n.url}/runners", headers={"authorization": f"Bearer {OTHER}"}, timeout=10)
+        assert other.status_code == 200, other.text
+        # Connections that never authenticate: the address's cap (per front; two fronts here), refused at once.
+        idle = [socket.create_connection(("127.0.0.1", n.port), timeout=2) for _ in range(14)]
+        held += idle
+        answered = []
+        for s in idle:
+            try:
+                answered.append(status_of(s.recv(65536)))
+            except TimeoutError:
+                answered.append(0)  # held open, waiting for its request
+        assert answered.count(429) >= 2 and answered.count(0) <= 12, answered
+    finally:
+        for s in held:
+            s.close()
+        n.stop()

@@ -55,6 +55,8 @@ class NodeLinks:
         self.node: Channel | None = None
         self.workers: list[WorkerLink] = []
         self.topology: Header = {}
+        self.tally_row = -1  # this front's row of the node's tally (``sandboxd.tally``), from the node's hello
+        self.tally_rows = 0
         self.runtime_dir = ""
         self.by_kind: dict[str, list[int]] = {}
         self.closing = False
@@ -79,6 +81,7 @@ class NodeLinks:
                     raise SandboxSetupError(f"the node process did not answer at {self.node_socket}") from exc
                 await asyncio.sleep(0.05)
         topology, _ = await self.node.call("hello", {"index": self.index, "pid": os.getpid()})
+        self.tally_row, self.tally_rows = int(topology.get("tally_row", -1)), int(topology.get("tally_rows", 0))
         await self._apply(topology, wait=True)
 
     def _node_event(self, header: Header, body: bytes) -> None:

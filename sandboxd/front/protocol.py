@@ -55,6 +55,7 @@ from sandboxd.errors import (
 )
 from sandboxd.front.gateway import Gateway
 from sandboxd.stores.idempotency import Stored
+from sandboxd.tally import CONNECTIONS
 
 log = logging.getLogger("sandboxd.front")
 
@@ -102,29 +103,38 @@ class Front:
         self.gateway = gateway
         self.auth = auth
         self.settings = settings
-        self.by_address: Counter[str] = Counter()
-        self.by_tenant: Counter[str] = Counter()
+        self.by_address: Counter[str] = Counter()  # connections not authenticated (yet), per client address
         self.protected_metrics = settings.auth_ops
 
-    def count_tenant(self, tenant: str) -> SandboxdError | None:
-        """Count one more connection of ``tenant``; the refusal when it holds too many already."""
-        self.by_tenant[tenant] += 1
-        if self.by_tenant[tenant] <= self.settings.max_connections_per_tenant:
+    def count_address(self, address: str) -> SandboxdError | None:
+        """Count one more connection from ``address`` that has not authenticated; the refusal past the cap."""
+        self.by_address[address] += 1
+        if self.by_address[address] <= self.settings.max_connections_per_address:
             return None
         return Saturated(
-            f"this tenant holds {self.by_tenant[tenant] - 1} connections to this node "
+            f"this client address holds {self.by_address[address] - 1} connections to this node that have not "
+            f"authenticated (max_connections_per_address {self.settings.max_connections_per_address})",
+            retry_after_s=1.0,
+        )
+
+    def uncount_address(self, address: str) -> None:
+        self.by_address[address] -= 1
+        if self.by_address[address] <= 0:
+            del self.by_address[address]
+
+    def count_tenant(self, tenant: str) -> SandboxdError | None:
+        """Count one more connection of ``tenant`` (node-wide: every front's count); the refusal past the cap."""
+        held = self.gateway.tenant_count(tenant, CONNECTIONS, 1)
+        if held <= self.settings.max_connections_per_tenant:
+            return None
+        return Saturated(
+            f"this tenant holds {held - 1} connections to this node "
             f"(max_connections_per_tenant {self.settings.max_connections_per_tenant})",
             retry_after_s=1.0,
         )
 
-    def release(self, address: str, tenant: str | None) -> None:
-        self.by_address[address] -= 1
-        if self.by_address[address] <= 0:
-            del self.by_address[address]
-        if tenant is not None:
-            self.by_tenant[tenant] -= 1
-            if self.by_tenant[tenant] <= 0:
-                del self.by_tenant[tenant]
+    def uncount_tenant(self, tenant: str) -> None:
+        self.gateway.tenant_count(tenant, CONNECTIONS, -1)
 
     def public(self, path: bytes) -> bool:
         if path in OPS:
@@ -210,14 +220,12 @@ class FrontProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         front = self._front()
         self._address = self.client[0] if self.client else ""
-        front.by_address[self._address] += 1
+        # Counted by address until it authenticates, then by tenant only: one tenant's many connections (1,024
+        # idle WebSockets) must not refuse every other tenant behind the same ingress, NAT or sidecar.
+        refusal = front.count_address(self._address)
         self._counted = True
-        if front.by_address[self._address] > front.settings.max_connections_per_address:
-            self._refuse(Saturated(
-                f"this client address holds {front.by_address[self._address] - 1} connections to this node "
-                f"(max_connections_per_address {front.settings.max_connections_per_address})",
-                retry_after_s=1.0,
-            ))  # fmt: skip
+        if refusal is not None:
+            self._refuse(refusal)
             return
         self._arm(self.header_timeout_s)
 
@@ -229,7 +237,11 @@ class FrontProtocol(HttpToolsProtocol):
     def _release(self) -> None:
         if self._counted:
             self._counted = False
-            self._front().release(self._address, self._tenant)
+            front = self._front()
+            if self._tenant is None:
+                front.uncount_address(self._address)
+            else:
+                front.uncount_tenant(self._tenant)
 
     def handle_websocket_upgrade(self) -> None:
         """The WebSocket protocol takes the connection over: the connection stays counted (its address, its
@@ -340,8 +352,9 @@ class FrontProtocol(HttpToolsProtocol):
                     self._refuse(exc, path=path)
                     return
             else:
-                if self._tenant is None and front.auth.enabled:
-                    self._tenant = tenant
+                if self._tenant is None and front.auth.enabled and self._counted:
+                    self._tenant = tenant  # from now on its tenant's, no longer its address's
+                    front.uncount_address(self._address)
                     refusal = front.count_tenant(tenant)
                     if refusal is not None:
                         self._refuse(refusal, path=path)

@@ -51,6 +51,7 @@ from sandboxd.node.ledger import Entry, Ledger
 from sandboxd.node.workers import WorkerProc, Workers
 from sandboxd.registry import kinds
 from sandboxd.stores.idempotency import MemoryKV
+from sandboxd.tally import Tally, rows_for
 
 log = logging.getLogger("sandboxd.node")
 
@@ -75,6 +76,8 @@ class NodeCore:
         self.kv = MemoryKV(settings.idempotency_max_entries)
         self.workers: Workers | None = None
         self.board: Board | None = None
+        self.tally: Tally | None = None
+        self._tally_rows: set[int] = set()
         self.cluster: NodeCluster | None = None
         self.fronts: set[Channel] = set()
         self.server: asyncio.Server | None = None
@@ -95,6 +98,8 @@ class NodeCore:
         self.board = Board(Path(s.runtime_dir) / "board", s.worker_count(), list(self.kinds), create=True)
         for i in range(s.worker_count()):
             self.board.clear(i)
+        tenants = [tenant_of_key(k) for k in s.all_api_keys()]
+        self.tally = Tally(Path(s.runtime_dir) / "tally", rows_for(s.front_count()), tenants, create=True)
         self.workers = Workers(s, self._worker_lost, self._worker_ready, self._worker_event)
         await self.workers.start()
         if s.redis_url:
@@ -106,7 +111,23 @@ class NodeCore:
         log.info("sandboxd node %s ready: %d workers, runners %s", self.node_id, s.worker_count(), s.runners)
 
     def _front_channel(self) -> Channel:
-        return Channel(self.handle, on_close=self.fronts.discard)
+        return Channel(self.handle, on_close=self._front_gone)
+
+    def _front_gone(self, ch: Channel) -> None:
+        self.fronts.discard(ch)
+        row = ch.peer.get("tally_row") if isinstance(ch.peer, dict) else None
+        if isinstance(row, int) and self.tally is not None:
+            self.tally.clear(row)  # its connections and steps ended with it
+            self._tally_rows.discard(row)
+
+    def _tally_row(self) -> int:
+        """The lowest row of the tally no live front holds (zeroed: a front that died may have left counts)."""
+        assert self.tally is not None
+        row = next((r for r in range(self.tally.rows) if r not in self._tally_rows), -1)
+        if row >= 0:
+            self._tally_rows.add(row)
+            self.tally.clear(row)
+        return row
 
     def begin_drain(self) -> None:
         """Stop taking work but keep answering: every front answers new steps and sessions 503 ``shutting_down``
@@ -203,8 +224,9 @@ class NodeCore:
         op = h["op"]
         if op == "hello":
             self.fronts.add(ch)
-            ch.peer = {"role": "front", "index": h.get("index"), "pid": h.get("pid")}
-            return self.topology(), b""
+            row = self._tally_row()
+            ch.peer = {"role": "front", "index": h.get("index"), "pid": h.get("pid"), "tally_row": row}
+            return {**self.topology(), "tally_row": row, "tally_rows": self.tally.rows if self.tally else 0}, b""
         if op == "create":
             return {}, orjson.dumps(await self.create_session(h))
         if op == "fork":
