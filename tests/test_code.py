@@ -3,6 +3,7 @@ limits; hostile programs and compiler tricks; the compile cache; many cases in o
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import tempfile
 from collections.abc import Iterator
@@ -98,18 +99,23 @@ ESCAPES = {
 }
 
 
+KEY, OTHER = "code-tenant-a-0123456789", "code-tenant-b-0123456789"
+
+
 @pytest.fixture(scope="module")
 def node() -> Iterator[str]:
+    """The node's URL with tenant A's key in it (Basic auth, as clients that take only a URL send it)."""
     with running_node(
         runners='["code", "python"]',
         workers=1,
+        api_keys=f'["{KEY}", "{OTHER}"]',
         code__slots_per_worker=2,
         code__burst_slots_per_worker=0,
         code__compile_cache_dir=CACHE,
         python__slots_per_worker=1,
         python__burst_slots_per_worker=0,
     ) as base:
-        yield base
+        yield base.replace("http://", f"http://key:{KEY}@")
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +241,18 @@ async def test_the_compile_cache_serves_the_second_request_and_refuses_a_poisone
     assert (await run(http, "cpp", code, stdin="7"))["observation"]["compile"]["cached"] is True
 
 
+async def test_the_compile_cache_is_each_tenants_own(node: str, http: httpx.AsyncClient) -> None:
+    """A hit is ~100 ms faster and says ``cached``: shared between tenants, it told B that A had compiled exactly
+    this source (found by a red team). Each tenant's compilations serve that tenant only."""
+    code = DOUBLE["c"] + "\n// tenant cache test\n"
+    assert (await run(http, "c", code, stdin="1"))["observation"]["compile"]["cached"] is False
+    assert (await run(http, "c", code, stdin="2"))["observation"]["compile"]["cached"] is True
+    async with httpx.AsyncClient(base_url=node.replace(KEY, OTHER), timeout=120) as other:
+        first = await run(other, "c", code, stdin="3")
+        assert first["ok"] and first["observation"]["compile"]["cached"] is False, first
+        assert (await run(other, "c", code, stdin="4"))["observation"]["compile"]["cached"] is True
+
+
 async def test_many_cases_compile_once(http: httpx.AsyncClient) -> None:
     cases = [
         {"stdin": "1", "expected_stdout": "2"},
@@ -313,6 +331,20 @@ async def test_cases_spread_over_free_slots_within_the_tenants_share(http: httpx
     parallel, sequential = spans
     assert any(b[0] < a[1] for a, b in itertools.pairwise(parallel)), parallel
     assert all(b[0] >= a[1] for a, b in itertools.pairwise(sequential)), sequential
+
+
+async def test_a_borrowed_slot_goes_back_when_no_case_is_left_for_it(http: httpx.AsyncClient) -> None:
+    """Two slots: a step's long case runs in its own slot, its short one in the borrowed slot; another step
+    sent meanwhile gets the borrowed slot as soon as the short case is done, and ends first (921c1ca: it
+    waited for the long case, the borrowed slot held until the step's last case ended)."""
+    script = "read n; sleep $n; echo done"
+    first = asyncio.ensure_future(run(http, "bash", script, cases=[{"stdin": "3"}, {"stdin": "0"}]))
+    await asyncio.sleep(0.8)
+    second = asyncio.ensure_future(run(http, "bash", "echo second"))
+    done, _ = await asyncio.wait({first, second}, return_when=asyncio.FIRST_COMPLETED)
+    assert second in done, "the other step waited for the first step's last case"
+    assert second.result()["observation"]["stdout"] == "second\n"
+    assert (await first)["ok"]
 
 
 async def test_judging_and_case_limits_cannot_be_gamed(http: httpx.AsyncClient) -> None:

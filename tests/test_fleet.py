@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -254,9 +253,12 @@ def test_interference_compares_b9_with_the_workloads_alone() -> None:
 
 
 def _chromium() -> str:
-    path = shutil.which("chromium") or "/usr/bin/chromium"
+    """The Chromium the browser runner drives (Debian's headless shell, which scripts/setup.sh installs)."""
+    from sandboxd.runners.browser.config import BrowserRunnerConfig
+
+    path = BrowserRunnerConfig().chromium_path
     if not os.path.exists(path):
-        pytest.skip("Debian's chromium is not installed (scripts/setup.sh installs it)")
+        pytest.fail(f"{path} is not installed (scripts/setup.sh installs it): the reports cannot be rendered")
     return path
 
 

@@ -22,9 +22,13 @@ log = logging.getLogger(__name__)
 DIGEST = 32
 
 
-def cache_key(language: str, version: str, command: list[str], source: bytes, files: list[tuple[str, bytes]]) -> str:
+def cache_key(
+    language: str, version: str, command: list[str], source: bytes, files: list[tuple[str, bytes]], tenant: str = ""
+) -> str:
+    """The entry of one compilation: its toolchain, command, source and files, and whose it is (a hit is
+    faster and says ``cached``: shared, it would tell a tenant that another compiled exactly this source)."""
     h = hashlib.sha256()
-    for part in (language, version, "\0".join(command)):
+    for part in (tenant, language, version, "\0".join(command)):
         h.update(part.encode() + b"\0")
     h.update(hashlib.sha256(source).digest())
     for path, data in sorted(files):

@@ -111,7 +111,9 @@ class CodeRunner(PythonRunner):
         if lang.compile:
             flags = tuple(action.flags) if action.flags is not None else lang.default_flags
             # The whole command, not only the flags: a change of the table's command is a new entry.
-            key = cache_key(lang.name, chain.version, lang.compile_argv(flags), source, files)
+            # Per tenant: a hit is faster (and says ``cached``), so a shared entry would tell one tenant that
+            # another compiled exactly this source.
+            key = cache_key(lang.name, chain.version, lang.compile_argv(flags), source, files, limits.tenant)
             artifact = await asyncio.to_thread(self.cache.get, key)
             if artifact is not None:
                 self.stats["compile_cache_hits"] += 1
@@ -216,32 +218,33 @@ class CodeRunner(PythonRunner):
         last: list[StepOutcome] = []
         stop = False
 
-        async def lane(where: Slot | None) -> None:
+        async def lane(where: Slot | None, borrowed: bool) -> None:
             nonlocal stop
-            for i in pending:
-                if stop:
-                    results[i] = CaseResult(verdict="skipped")
-                    continue
-                case = cases[i]
-                case_limits = StepLimits(
-                    timeout_s=case.timeout_s or limits.timeout_s,
-                    memory_mb=case.memory_mb or limits.memory_mb,
-                    max_output_bytes=limits.max_output_bytes,
-                )
-                outcome = await self._run(where, chain, files, executable, case.stdin.encode(), case_limits)
-                self.stats["cases_run"] += 1
-                assert isinstance(outcome.observation, PythonObservation)
-                result = results[i] = case_verdict(outcome.observation, case, action.compare)
-                last[:] = [outcome]
-                stop = action.stop_on_failure and result.verdict not in ("accepted", "finished")
+            try:
+                for i in pending:
+                    if stop:
+                        results[i] = CaseResult(verdict="skipped")
+                        continue
+                    case = cases[i]
+                    case_limits = StepLimits(
+                        timeout_s=case.timeout_s or limits.timeout_s,
+                        memory_mb=case.memory_mb or limits.memory_mb,
+                        max_output_bytes=limits.max_output_bytes,
+                        answer_by=limits.answer_by,
+                    )
+                    outcome = await self._run(where, chain, files, executable, case.stdin.encode(), case_limits)
+                    self.stats["cases_run"] += 1
+                    assert isinstance(outcome.observation, PythonObservation)
+                    result = results[i] = case_verdict(outcome.observation, case, action.compare)
+                    last[:] = [outcome]
+                    stop = action.stop_on_failure and result.verdict not in ("accepted", "finished")
+            finally:
+                if borrowed:  # no case left for it: the slot goes back now, not when the step's last case ends
+                    assert where is not None and lender is not None
+                    self.free.put_nowait(where)
+                    lender.give_back()
 
-        try:
-            done = await asyncio.gather(*(lane(where) for where in lanes), return_exceptions=True)
-        finally:
-            for borrowed in lanes[1:]:
-                assert borrowed is not None and lender is not None
-                self.free.put_nowait(borrowed)
-                lender.give_back()
+        done = await asyncio.gather(*(lane(where, i > 0) for i, where in enumerate(lanes)), return_exceptions=True)
         for outcome in done:
             if isinstance(outcome, BaseException):
                 raise outcome  # an infrastructure failure of one case is the step's
