@@ -111,6 +111,9 @@ def node(tmp_path_factory: pytest.TempPathFactory, listener: Listener) -> Iterat
     (site / "navigate.html").write_text(
         f"<title>nav</title><script>location.href = 'http://127.0.0.1:{listener.port}/escaped';</script>"
     )
+    (site / "work.html").write_text(  # ~40 ms of script before the document is loaded: alone it loads in time
+        "<title>work</title><script>const t = performance.now(); while (performance.now() - t < 40) {}</script>"
+    )
     (site / "spin.html").write_text("<title>spin</title><script>setTimeout(() => { while (true) {} }, 10);</script>")
     (site / "eat.html").write_text(
         "<title>eat</title><script>const a = []; setInterval(() => { for (let i = 0; i < 50; i++) "
@@ -295,7 +298,13 @@ async def test_runaway_pages_cost_only_themselves(http: httpx.AsyncClient) -> No
         )
         for r in await asyncio.gather(spin, eat, buffers, popups):
             assert r["http"] == 200 and (r["error"] is None or r["error"]["blame"] == "program"), r
-        assert "monitor go 7" in values(await browse(http, CART, calm))[1]  # the session next door is unharmed
+        for _ in range(5):  # the session next door is unharmed: its cart is there (a starved step is retried)
+            cart = await browse(http, CART, calm)
+            if cart["http"] != 503:
+                break
+            assert cart["error"]["code"] == "node_pressure", cart
+            await asyncio.sleep(1.0)
+        assert "monitor go 7" in values(cart)[1], cart
         health = (await http.get("/readyz")).json()
         assert health["ready"] is True
     finally:
@@ -348,7 +357,9 @@ async def test_pages_are_the_oom_killers_first_choice(http: httpx.AsyncClient) -
         kind = next((a.removeprefix("--type=") for a in args if a.startswith("--type=")), "browser")
         scores.setdefault(kind, set()).add(adj)
     assert scores.get("renderer") == {500} and scores.get("zygote") == {500}, scores
-    assert scores.get("browser") == {0} and scores.get("gpu-process", {0}) == {0}, scores
+    # The browser holds every session: it stays at 0. A GPU process Chromium started again from its zygote
+    # carries the zygote's score (seen in one run of ten): killed first, it is started again and no page is lost.
+    assert scores.get("browser") == {0} and scores.get("gpu-process", {0}) <= {0, 500}, scores
 
 
 async def test_the_runner_launches_the_headless_shell_under_batch_scheduling(http: httpx.AsyncClient) -> None:
@@ -602,3 +613,45 @@ async def test_a_sessions_click_reaches_its_cart_with_the_machine_busy(http: htt
         for h in hogs:
             h.kill()
             h.wait()
+
+
+@pytest.mark.slow
+async def test_an_action_the_node_starves_twice_is_the_nodes_failure(tmp_path: Path) -> None:
+    """The browser's CPU is the node's to give: here its quota is a tenth of a core, and other processes keep every
+    core busy. An action that times out twice while the CPUs are contended (a page whose script takes 40 ms,
+    allowed 50 ms) is 503 ``node_pressure`` (infra, retryable) with the observation of what the trajectory did
+    until then (921c1ca: a 200 whose action error a trainer scored as the program's)."""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "work.html").write_text(
+        "<title>work</title><script>const t = performance.now(); while (performance.now() - t < 40) {}</script>"
+    )
+    actions: list[dict[str, Any]] = [
+        {"action": "goto", "path": "/"},
+        {"action": "goto", "path": "/work.html", "site": "slow", "timeout_ms": 50},
+    ]
+    settings = {
+        "browser__instances_per_node": 1,
+        "browser__cpu_cores": 0.1,
+        "browser__sites": json.dumps({"slow": str(site)}),
+    }
+    with running_node(runners='["browser"]', workers=1, **settings) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=120) as c:
+            hogs = [
+                subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))
+            ]
+            try:
+                await asyncio.sleep(1.0)
+                r = await browse(c, actions, timeout_s=60)
+            finally:
+                for h in hogs:
+                    h.kill()
+                    h.wait()
+            assert r["http"] == 503 and r["error"]["code"] == "node_pressure", r
+            assert r["error"]["blame"] == "infra" and r["error"]["retry_after_s"], r
+            assert "timed out twice" in r["error"]["message"], r
+            done = r["observation"]["results"]
+            assert len(done) == 2 and done[0]["ok"] and not done[1]["ok"], r["observation"]

@@ -447,3 +447,43 @@ async def test_a_step_borrows_only_free_slots_within_its_tenants_share() -> None
         assert lender.borrow()  # A runs 1 of its 2
         assert not lender.borrow()  # a slot is free, but A is at its share beside C
         lender.give_back()
+
+
+async def test_the_browser_gate_admits_fewer_while_starved_and_grows_back() -> None:
+    """gate.py: a starved action cuts the limit once per generation (the trajectories already running say
+    nothing new), CALM calm trajectories grow it back, a waiter is handed the place in order, and one that
+    cannot get in by its deadline is the node's 504."""
+    import time
+
+    from sandboxd.errors import DeadlineExceeded
+    from sandboxd.runners.browser.gate import CALM, Gate
+
+    gate = Gate(3)
+    order: list[str] = []
+    async with gate.enter(time.monotonic() + 1) as g0:
+        gate.starved(g0)  # alone: the machine's other load, admitting fewer would not help it
+        assert gate.limit == 3 and gate.cuts == 0
+    async with gate.enter(time.monotonic() + 1) as g0, gate.enter(time.monotonic() + 1):
+        assert g0 == 0 and gate.free() == 1
+        gate.starved(g0)
+        gate.starved(g0)  # the same generation: one cut, to fewer than run now
+        assert gate.limit == 1 and gate.free() == 0 and gate.cuts == 1
+
+        async def waiter(name: str) -> None:
+            async with gate.enter(time.monotonic() + 5):
+                order.append(name)
+
+        first, second = asyncio.ensure_future(waiter("first")), asyncio.ensure_future(waiter("second"))
+        await asyncio.sleep(0.01)
+        assert not order
+        with pytest.raises(DeadlineExceeded):
+            async with gate.enter(time.monotonic() + 0.05):
+                pass
+    await asyncio.gather(first, second)
+    assert order == ["first", "second"] and gate.active == 0
+    for _ in range(2 * CALM):
+        gate.calm()
+    assert gate.limit == 3
+    for _ in range(10 * CALM):
+        gate.calm()
+    assert gate.limit == 3  # never past its slots

@@ -101,7 +101,8 @@ def measure(label: str, workload: str, target: str, c: int, args: argparse.Names
     print(
         f"  c={c:<3} {label:<10} {s.ops / args.duration:6.2f} traj/s  {s.steps / args.duration:7.1f} actions/s  "
         f"p50 {percentile(lat, 50) if lat else 0:7.0f} ms  p99 {percentile(lat, 99) if lat else 0:7.0f} ms  "
-        f"miss {s.misses / max(s.steps, 1):.3f}  errors {s.errors}  host cpu/traj {used / total:.2f} s",
+        f"miss {s.misses / max(s.steps, 1):.3f}  errors {s.errors} (infra {s.errors_by_blame.get('infra', 0)})  "
+        f"host cpu/traj {used / total:.2f} s",
         flush=True,
     )
     ROWS.append((label, c, s.ops / args.duration, percentile(lat, 99) if lat else 0.0))

@@ -223,7 +223,8 @@ def run_timed(
     graded = f"  pass {extra['pass_rate']}" if "pass_rate" in extra else ""
     progress.end(
         f"{wl_id} c={c:<4} {primary:9.2f} {wl.rate_unit}  p99 {result['latency_ms']['p99']} ms{graded}"
-        f"  errors {s.errors}  host cpu {result['resource']['cpu_util_avg']}%"
+        f"  errors {s.errors} (infra {s.errors_by_blame.get('infra', 0)})"
+        f"  host cpu {result['resource']['cpu_util_avg']}%"
         f"  client {result['resource']['client_cpu_cores']} cores"
     )
     return result

@@ -481,6 +481,9 @@ class Browser(Workload):
             "selector_miss_rate": round(s.misses / s.steps, 4) if s.steps else None,
             "steps_done_total": s.steps - s.misses,
             "steps_failed_total": s.misses,
+            # A trajectory the node failed (an action it starved twice, a queue deadline): its own column.
+            "infra_failed_trajectories": s.errors_by_blame.get("infra", 0),
+            "failures_by_blame": dict(s.errors_by_blame),
             "per_template_latency_ms": {k: summary(v) for k, v in sorted(s.channels.items())},
             "note": "warm-up ops are not counted (the public suite counts them); each trajectory runs in a "
             "fresh browser context (the suite reuses pooled contexts and keeps their localStorage)",

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from playwright.async_api import Browser, BrowserContext, CDPSession, Page, Play
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
-from sandboxd.errors import BadRequest, SandboxSetupError, Saturated, SessionLost, UnknownSession
+from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError, Saturated, SessionLost, UnknownSession
 from sandboxd.runners.base import (
     ProgramFailure,
     RunnerContext,
@@ -44,6 +45,7 @@ from sandboxd.runners.base import (
 )
 from sandboxd.runners.browser import models as m
 from sandboxd.runners.browser.config import BrowserRunnerConfig
+from sandboxd.runners.browser.gate import Gate
 from sandboxd.runners.browser.jail import write_launcher
 from sandboxd.runners.browser.sites import BLANK_PATH, HEAD_LIMIT, RESOLVER_RULES, Sites, browser_netns, listen_in_netns
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot
@@ -57,7 +59,9 @@ TITLE_TIMEOUT_S = 0.5  # a hung page has no title worth waiting for
 STARVED_CHECK_S = 2.0  # after a timeout under contention: how long to look for what the action waited for
 FORK_PARALLEL = 4  # copies of one fork made at once
 RESET_TIMEOUT_S = 5.0  # a context that cannot be reset in this long is thrown away
+ANSWER_PROBE_S = 0.5  # a one-shot's page that does not evaluate ``1`` this fast is hung: thrown away, not reset
 EXTRA_PAGE_ROUNDS = 4  # rounds of closing a context's extra pages before the context is thrown away instead
+GATE_WAIT_S = 30.0  # a session's trajectory waits this long at most for the gate (a one-shot: its queue deadline)
 # Counts the trusted clicks each document receives, under a name a page's own scripts cannot redefine
 # (installed before them, not configurable); read back after a click to know it arrived.
 CLICK_COUNTER = """(() => {
@@ -155,7 +159,7 @@ class BrowserRunner:
         self.root: CgroupRoot | None = None
         self.launcher: Path | None = None
         self.warm: asyncio.Queue[Tab] = asyncio.Queue()
-        self.slots = asyncio.Semaphore(cfg.slots_per_worker)
+        self.gate = Gate(cfg.slots_per_worker)  # trajectories at once: fewer while their actions are starved
         self.sessions: dict[str, Tab] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.closing = False
@@ -323,6 +327,7 @@ class BrowserRunner:
             and not tab.crashed
             and tab.browser is self.browser
             and self.warm.qsize() < self.cfg.slots_per_worker + self.cfg.warm_contexts
+            and await self._answers(tab)
         ):
             try:
                 await asyncio.wait_for(self._reset(tab), RESET_TIMEOUT_S)
@@ -335,6 +340,16 @@ class BrowserRunner:
         await self._dispose(tab)
         if self.warm.qsize() < self.cfg.warm_contexts:
             await self._refill()
+
+    async def _answers(self, tab: Tab) -> bool:
+        """Whether the page's main thread answers at once. A page left in an endless loop burns a core until its
+        renderer goes: resetting it (navigating away) waited RESET_TIMEOUT_S while the neighbours' actions were
+        starved; it is thrown away at once instead."""
+        try:
+            await asyncio.wait_for(tab.page.evaluate("1"), ANSWER_PROBE_S)
+        except (PlaywrightError, TimeoutError):
+            return False
+        return True
 
     async def _reset(self, tab: Tab) -> None:
         """Leave nothing of one trajectory for the next: storage of every site, cookies, history, pages.
@@ -396,7 +411,9 @@ class BrowserRunner:
     async def health(self) -> dict[str, Any]:
         return {
             "capacity": self.capacity(),
-            "free_slots": self.slots._value,
+            "free_slots": self.gate.free(),
+            "admitted_limit": self.gate.limit,
+            "admitted_cuts": self.gate.cuts,
             "sessions": len(self.sessions),
             "warm_contexts": self.warm.qsize(),
             "ready": self.browser is not None,
@@ -415,36 +432,51 @@ class BrowserRunner:
             if tab.browser is not self.browser or not tab.browser.is_connected():
                 self.sessions.pop(session_id, None)
                 raise SessionLost(f"session {session_id}: its browser died", session_id=session_id)
-            async with tab.lock:
-                outcome = await self._run(tab, action, limits, tab.site)
+            async with tab.lock, self.gate.enter(self._admit_by(limits)) as generation:
+                outcome = await self._run(tab, action, limits, tab.site, generation)
             if not outcome.session_alive:
                 await self.close_session(session_id)
             return outcome
         if action.site not in self.sites.roots:
             raise BadRequest(f"action.site: unknown site {action.site!r}; known: {sorted(self.sites.roots)}")
-        async with self.slots:
+        async with self.gate.enter(self._admit_by(limits)) as generation:
             tab = await self._take_tab()
             try:
-                return await self._run(tab, action, limits, action.site)
+                return await self._run(tab, action, limits, action.site, generation)
             finally:
                 self._spawn(self._give_back(tab))
 
-    async def _run(self, tab: Tab, step: m.BrowserStep, limits: StepLimits, site: str) -> StepOutcome:
+    @staticmethod
+    def _admit_by(limits: StepLimits) -> float:
+        """How long a trajectory may wait for the gate: its queue deadline (a one-shot's), or ``GATE_WAIT_S``."""
+        return limits.admit_by if limits.admit_by is not None else time.monotonic() + GATE_WAIT_S
+
+    async def _run(self, tab: Tab, step: m.BrowserStep, limits: StepLimits, site: str, generation: int) -> StepOutcome:
         t0 = time.monotonic()
         deadline = t0 + limits.timeout_s
         results: list[m.ActionResult] = []
         timed_out = False
+        starved_twice = ""
+        calm = True
+
+        def starved() -> None:
+            nonlocal calm
+            calm = False
+            self.gate.starved(generation)
+
         for act in step.actions:
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
-            result = await self._act(tab, act, site, left)
+            result, starved_twice = await self._act(tab, act, site, left, starved)
             results.append(result)
-            if tab.crashed or (step.stop_on_error and not result.ok):
+            if starved_twice or tab.crashed or (step.stop_on_error and not result.ok):
                 break
             if not tab.browser.is_connected():
                 raise SandboxSetupError(f"browser {self.name} died during the step")
+        if calm:
+            self.gate.calm()
         failed = sum(not r.ok for r in results)
         obs = m.BrowserObservation(
             results=results,
@@ -455,6 +487,14 @@ class BrowserRunner:
             page_crashed=tab.crashed,
             wall_ms=round((time.monotonic() - t0) * 1000, 3),
         )
+        if starved_twice:
+            # Honest blame: the node kept this action from its time twice; the program did nothing wrong.
+            pressure = NodePressure(
+                f"action {len(results) - 1} ({results[-1].action}) timed out twice while {starved_twice}; the "
+                "observation is what the trajectory did until then",
+                retry_after_s=1.0,
+            )
+            return StepOutcome(obs, session_alive=not tab.crashed, infra=pressure)
         if tab.crashed:
             failure: ProgramFailure | None = ProgramFailure("program_killed", "the page crashed (renderer died)")
         elif timed_out:
@@ -467,7 +507,10 @@ class BrowserRunner:
             obs, failure=failure, session_alive=not tab.crashed, killed_by="crash" if tab.crashed else None
         )
 
-    async def _act(self, tab: Tab, act: Any, site: str, left_s: float) -> m.ActionResult:
+    async def _act(
+        self, tab: Tab, act: Any, site: str, left_s: float, on_starved: Callable[[], None]
+    ) -> tuple[m.ActionResult, str]:
+        """One action's result, and why the node starved it twice ("" when it did not)."""
         page = tab.page
         is_goto = isinstance(act, m.Goto | m.History)
         default_ms = self.cfg.goto_timeout_ms if is_goto else self.cfg.action_timeout_ms
@@ -478,6 +521,7 @@ class BrowserRunner:
         value: str | None = None
         error: str | None = None
         retried = False
+        starved = starved_twice = ""
         while True:
             attempt_t, stalled0 = time.monotonic(), self.pressure.stalled_s()
             try:
@@ -492,6 +536,10 @@ class BrowserRunner:
                 error = f"timed out after {timeout_ms:g} ms (the page did not answer)"
             except PlaywrightError as exc:
                 error = _short(exc.message)
+                if retried and "interrupted by another navigation" in exc.message:
+                    # The starved first attempt's navigation landed as the second began: still the node's doing.
+                    self.stats["starved_twice"] += 1
+                    starved_twice = starved
                 break
             except ActionRefused as exc:
                 error = str(exc)
@@ -499,20 +547,26 @@ class BrowserRunner:
             starved = await self._starved(page, act, time.monotonic() - attempt_t, stalled0)
             if not starved:
                 break
+            on_starved()  # the browser admits fewer trajectories from now on (gate.py)
             if retried or left_s - (time.monotonic() - t) < timeout_ms / 1000:
-                # Starved twice: still reported as the action's timeout (the benchmark's and the trainers'
-                # contract for a browser step is a 200 with per-action results), with the reason said.
+                # Starved twice: the node's failure, not the action's (the step is a 503 node_pressure).
                 self.stats["starved_twice"] += 1
                 error = f"{error}; {starved}"
+                starved_twice = starved
                 break
             retried = True  # its time, given back once: the same action again
             self.stats["starved_retries"] += 1
+            if isinstance(act, m.Goto | m.History):
+                # The timed-out navigation is still loading: left alone, it interrupts the one sent again (an
+                # error that looked like the program's).
+                with contextlib.suppress(PlaywrightError):
+                    await tab.cdp.send("Page.stopLoading")
         if not tab.crashed and (tab.title is None or isinstance(act, NAVIGATING)):
             tab.title = None  # only actions that can change the document ask for the title again
             with contextlib.suppress(PlaywrightError, TimeoutError):
                 # Playwright reads it in its own world: a page's redefinition of document.title cannot answer
                 tab.title = await asyncio.wait_for(page.title(), TITLE_TIMEOUT_S)
-        return m.ActionResult(
+        result = m.ActionResult(
             action=act.action,
             ok=error is None,
             error=error,
@@ -521,6 +575,7 @@ class BrowserRunner:
             title=tab.title,
             value=value,
         )
+        return result, starved_twice
 
     async def _starved(self, page: Page, act: Any, elapsed_s: float, stalled0: float) -> str:
         """Why a timed-out action was the node's doing, not the program's ("" when it was not): the machine's
