@@ -792,7 +792,7 @@ def _shadow(tops: set[str]) -> None:
     named like a module this interpreter imported and plain python would not have at start, every such
     module still as the harness imported it leaves ``sys.modules``, and the program imports afresh (its
     own files first on the path) whatever it imports. The harness keeps its own references."""
-    if _IN_TEMPLATE:
+    if not tops or _IN_TEMPLATE:  # most steps have no files: nothing to look at
         return
     if not _ORIGINALS:
         _ORIGINALS.update(sys.modules)
