@@ -1,6 +1,6 @@
 """B4 on sandboxd (jailed Chromium) vs a replica of the public suite's B4 worker, one run, same trajectories.
 
-    .venv/bin/python -m sandboxd.bench.browser_vs_baseline [--concurrency 1,4,8,16] [--duration 20]
+    .venv/bin/python -m sandboxd.bench.browser_vs_baseline [--concurrency 1,4,8,16] [--duration 20] [--neighbour N]
 
 Starts, on loopback: a sandboxd node with the browser runner only (its
 defaults: browsers per node from vCPUs and memory, ``slots_per_worker``
@@ -51,6 +51,18 @@ def static_site(root: Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
+
+
+@contextlib.contextmanager
+def burners(n: int) -> Iterator[None]:
+    """``n`` processes spinning on the CPU."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 @contextlib.contextmanager
@@ -123,9 +135,17 @@ def main(argv: list[str] | None = None) -> int:
         "/usr/lib/chromium/chromium (the full browser)",
     )
     ap.add_argument("--node-env", default="{}", help="JSON of more environment for the sandboxd node (SANDBOXD_...)")
+    ap.add_argument(
+        "--neighbour",
+        type=int,
+        default=0,
+        help="CPU-burning processes beside both, for the whole run (another tenant's load on a shared machine)",
+    )
     args = ap.parse_args(argv)
     ncpu = len(os.sched_getaffinity(0))
     with contextlib.ExitStack() as stack:
+        if args.neighbour:
+            stack.enter_context(burners(args.neighbour))
         node = stack.enter_context(local_node({"SANDBOXD_RUNNERS": '["browser"]', **json.loads(args.node_env)}))
         wait_ready(node)
         site = stack.enter_context(static_site(BUNDLED["shop"]))
@@ -137,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         for c in [int(x) for x in args.concurrency.split(",")]:
             measure("sandboxd", "B4", node, c, args, {})
             measure("suite", "B4-baseline", workers[0], c, args, {"site_url": site})
+        health = httpx.get(f"{node}/readyz", timeout=10).json()
+        for w in health["workers"]:
+            b = (w.get("health") or {}).get("runners", {}).get("browser")
+            if b:
+                keys = ("starved_retries", "starved_twice", "admitted_cuts", "admitted_limit", "browser_deaths")
+                print("  sandboxd browser:", {k: b.get(k) for k in keys})
     print("\nratio sandboxd / suite worker (throughput, p99):")
     for c in sorted({c for _, c, _, _ in ROWS}):
         ours = next(r for r in ROWS if r[1] == c and r[0] == "sandboxd")
