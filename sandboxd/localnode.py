@@ -67,8 +67,15 @@ class NodeProcess:
     """A node started as a subprocess; ``stop`` (SIGTERM, then SIGKILL after 30 s) is idempotent."""
 
     def __init__(
-        self, settings: dict[str, str] | None = None, inherit: bool = False, port: int = 0, cgroup: tuple[str, ...] = ()
+        self,
+        settings: dict[str, str] | None = None,
+        inherit: bool = False,
+        port: int = 0,
+        cgroup: tuple[str, ...] = (),
+        cwd: str | None = None,
     ) -> None:
+        """``cwd``: where the node starts; a source tree to run that tree's code (``python -m`` puts the working
+        directory first on the path, ahead of ``PYTHONPATH``: from this repository's root, any node runs it)."""
         self.port = port or free_port()
         env = {k: v for k, v in os.environ.items() if inherit or not k.startswith("SANDBOXD_")}
         env.update({"SANDBOXD_HOST": "127.0.0.1", "SANDBOXD_PORT": str(self.port)})
@@ -77,7 +84,7 @@ class NodeProcess:
         self.settings = dict(settings or {})
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sandboxd", "serve"], env=env, preexec_fn=_die_with(os.getpid(), cgroup)
+            [sys.executable, "-m", "sandboxd", "serve"], env=env, cwd=cwd, preexec_fn=_die_with(os.getpid(), cgroup)
         )
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:

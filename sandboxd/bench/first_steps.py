@@ -51,7 +51,7 @@ def main() -> None:
     try:
         for c in (int(x) for x in args.concurrency.split(",")):
             t0 = time.monotonic()
-            node = NodeProcess({"SANDBOXD_RUNNERS": '["python"]'})
+            node = NodeProcess({"SANDBOXD_RUNNERS": '["python"]'}, cwd=args.tree)
             try:
                 node.wait_ready(300)
                 ready_s = time.monotonic() - t0

@@ -70,7 +70,7 @@ def main() -> None:
     try:
         for tree, extra in ((args.tree_a, args.env_a), (args.tree_b, args.env_b)):
             os.environ["PYTHONPATH"] = tree
-            nodes.append(NodeProcess({"SANDBOXD_RUNNERS": '["python"]', **_settings(extra)}))
+            nodes.append(NodeProcess({"SANDBOXD_RUNNERS": '["python"]', **_settings(extra)}, cwd=tree))
         for node in nodes:
             node.wait_ready(300)
         print(f"A = {args.tree_a} {args.env_a}; B = {args.tree_b} {args.env_b}; {args.workload}")
