@@ -50,7 +50,6 @@ from sandboxd.node.drain import DrainToken
 from sandboxd.node.ledger import Entry, Ledger
 from sandboxd.node.workers import WorkerProc, Workers
 from sandboxd.registry import kinds
-from sandboxd.runners.cgroups import node_group, remove_node_group
 from sandboxd.stores.idempotency import MemoryKV
 from sandboxd.tally import Tally, rows_for
 
@@ -159,8 +158,6 @@ class NodeCore:
             self.server.close()
         if self.workers is not None:
             await self.workers.stop()
-            # Every worker removed its sandboxes' groups: their common group goes too.
-            await asyncio.to_thread(remove_node_group, node_group(self.node_id, os.getpid()))
         if self.board is not None:
             self.board.close()
         self.drain_token.remove()

@@ -126,7 +126,6 @@ class RunnerContext:
     runtime_dir: Path  # scratch space of this node (sockets, jail logs)
     name: str  # e.g. "node1-w0": unique per worker process, for cgroup and file names
     worker_index: int
-    cgroup_parent: str = ""  # the node's group for all its sandboxes (cgroups.node_group), under the node's own
 
 
 @dataclass(frozen=True)

@@ -396,44 +396,28 @@ def _kill_and_rmdir(d: Path) -> bool:
 
 
 class CgroupRoot:
-    """Where sandboxd's groups live: under our own group, so a host limit still applies.
+    """Where sandboxd's groups live: under our own group, so a host limit still applies."""
 
-    ``parent``: a group of the node's own for every sandbox of the node (``node_group``). Without it, a runner's
-    root was a sibling of whatever else ran in the node's group, weight for weight: the browser's, at a quarter
-    of a sibling's so that the node's own light kinds go first, then also yielded to any other process there
-    (a CPU-burning neighbour on the same machine took B4 to 0.53-0.63x the suite's worker, and p99 to 41 s once).
-    Inside the node's group, a runner's weight is relative to the node's other sandboxes only."""
-
-    def __init__(
-        self, name: str, mount: Path = Path("/sys/fs/cgroup"), version: int | None = None, parent: str = ""
-    ) -> None:
+    def __init__(self, name: str, mount: Path = Path("/sys/fs/cgroup"), version: int | None = None) -> None:
         self.mount = mount
         self.version = version or detect_version(mount)
-        where = f"{parent}/{name}" if parent else name
         if self.version == 1:
             ctrls = [*V1_CONTROLLERS, *(c for c in V1_OPTIONAL if (mount / c).is_dir())]
-            dirs = {c: mount / c / _own_path(c).lstrip("/") / where for c in ctrls}
+            dirs = {c: mount / c / _own_path(c).lstrip("/") / name for c in ctrls}
         else:
-            dirs = {"unified": mount / _own_path(None).lstrip("/") / where}
+            dirs = {"unified": mount / _own_path(None).lstrip("/") / name}
         try:
             for d in dirs.values():
                 d.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise SandboxSetupError(f"cannot create cgroup {where}: {exc}") from exc
+            raise SandboxSetupError(f"cannot create cgroup {name}: {exc}") from exc
         self.group = CgroupGroup(dirs, self.version)
         if self.version == 2:
-            own = dirs["unified"].parent.parent if parent else dirs["unified"].parent
+            own = dirs["unified"].parent
             if not _delegate_controllers(own):
                 _move_into_leaf(own)  # cgroup v2: a group with processes cannot hand controllers to children
                 _delegate_controllers(own)
-            if parent:
-                _delegate_controllers(dirs["unified"].parent)  # it holds no process: always allowed
             self.group.enable_subtree()
-        if parent:  # the node's sandboxes together weigh what its CPUs are worth against anything beside them
-            with contextlib.suppress(SandboxSetupError):
-                CgroupGroup({k: v.parent for k, v in dirs.items()}, self.version).set_weight(
-                    NODE_WEIGHT_PER_CPU * _cpus()
-                )
 
     def slot(self, name: str) -> CgroupGroup:
         return self.group.child(name)
@@ -441,36 +425,6 @@ class CgroupRoot:
     def own(self) -> CgroupGroup:
         """The group this process itself is in (where a fork server goes back to after a visit)."""
         return CgroupGroup({k: v.parent for k, v in self.group.dirs.items()}, self.version)
-
-
-NODE_WEIGHT_PER_CPU = 100  # the node's sandboxes' group: a plain process's weight per CPU the node may use
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except OSError:
-        return os.cpu_count() or 1
-
-
-def node_group(node_id: str, node_pid: int) -> str:
-    """The name of the group holding every sandbox group of one node (under the node's own group)."""
-    return f"sandboxd-{node_id}-{node_pid}"
-
-
-def remove_node_group(name: str, mount: Path = Path("/sys/fs/cgroup")) -> None:
-    """Remove the node's sandbox group once its workers removed theirs (best effort: anything left is killed)."""
-    try:
-        version = detect_version(mount)
-    except SandboxSetupError:
-        return
-    if version == 1:
-        ctrls = [*V1_CONTROLLERS, *(c for c in V1_OPTIONAL if (mount / c).is_dir())]
-        dirs = {c: mount / c / _own_path(c).lstrip("/") / name for c in ctrls}
-    else:
-        dirs = {"unified": mount / _own_path(None).lstrip("/") / name}
-    if any(d.exists() for d in dirs.values()):
-        CgroupGroup({k: v for k, v in dirs.items() if v.exists()}, version).remove()
 
 
 def _delegate_controllers(group: Path) -> bool:

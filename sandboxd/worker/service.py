@@ -56,7 +56,6 @@ from sandboxd.runners.base import (
     can_fork,
     validation_message,
 )
-from sandboxd.runners.cgroups import node_group
 from sandboxd.worker.admission import Admission
 from sandboxd.worker.sessions import SessionRecord, SessionTable
 
@@ -79,12 +78,7 @@ class Worker:
         self.settings = settings
         self.index = index
         self.incarnation = incarnation
-        self.ctx = RunnerContext(
-            Path(settings.runtime_dir),
-            f"{settings.node_id}-{os.getppid()}-w{index}",
-            index,
-            node_group(settings.node_id, os.getppid()),
-        )
+        self.ctx = RunnerContext(Path(settings.runtime_dir), f"{settings.node_id}-{os.getppid()}-w{index}", index)
         registry = kinds()
         self.all_kinds = {k: registry[k] for k in settings.runners}
         self.kinds = {k.name: k for k in hosted_kinds(settings, index)}

@@ -73,11 +73,9 @@ class BrowserRunnerConfig(RunnerConfig):
         25,
         ge=1,
         le=10_000,
-        description="CPU weight of the browser's group against the node's other sandboxes and its light kinds "
+        description="CPU weight of the browser's group against the worker's other sandboxes and its light kinds "
         "(100 = the same; cgroup v2 cpu.weight, v1 cpu.shares x 10.24): under contention tool calls, game steps "
-        "and python cells go first, the browser takes what is left (it is never starved: a weight, not a cap). "
-        "Every sandbox group of a node lives in one group of the node's (weight 100 per CPU), so this is never "
-        "weighed against processes outside the node.",
+        "and python cells go first, the browser takes what is left (it is never starved: a weight, not a cap).",
     )
     batch_scheduling: bool = Field(
         True,

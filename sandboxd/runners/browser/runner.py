@@ -147,7 +147,6 @@ class BrowserRunner:
     def __init__(self, cfg: BrowserRunnerConfig, ctx: RunnerContext) -> None:
         self.cfg = cfg
         self.name = ctx.name
-        self.cgroup_parent = ctx.cgroup_parent
         self.dir = ctx.runtime_dir / ctx.name / "browser"
         self.sites = Sites.configured(cfg.sites)
         # Every origin a page of ours can store into (sites are fixed at start): what a reset clears.
@@ -185,7 +184,7 @@ class BrowserRunner:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self.root = CgroupRoot(self.name + "-browser", Path(self.cfg.cgroup_mount), parent=self.cgroup_parent)
+        self.root = CgroupRoot(self.name + "-browser", Path(self.cfg.cgroup_mount))
         self.cgroup = self.root.slot("chromium")
         self.cgroup.set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
         self.cgroup.set_cpu(self.cfg.cpu_cores)

@@ -184,7 +184,6 @@ class PythonRunner:
         self.cfg = cfg
         self.runtime_dir = ctx.runtime_dir / ctx.name
         self.name = ctx.name
-        self.cgroup_parent = ctx.cgroup_parent
         self.free: asyncio.Queue[Slot] = asyncio.Queue()
         self.slots: list[Slot] = []
         self.session_jails: list[SessionJail] = []
@@ -251,9 +250,7 @@ class PythonRunner:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self.root = CgroupRoot(
-            self.name, Path(self.cfg.cgroup_mount), self.cfg.cgroup_version or None, parent=self.cgroup_parent
-        )
+        self.root = CgroupRoot(self.name, Path(self.cfg.cgroup_mount), self.cfg.cgroup_version or None)
         mem = self.cfg.memory_mb << 20
         jobs = []
         slots = self.cfg.slots_per_worker + self.cfg.burst_slots_per_worker

@@ -46,7 +46,6 @@ class SQLRunner:
     def __init__(self, cfg: SQLRunnerConfig, ctx: RunnerContext) -> None:
         self.cfg = cfg
         self.name = ctx.name
-        self.cgroup_parent = ctx.cgroup_parent
         # Private to this worker, and each engine spills into a directory of its own below it.
         self.temp_root = ctx.runtime_dir / ctx.name / "duckdb-tmp"
         self.host: EngineHost | None = None
@@ -77,7 +76,7 @@ class SQLRunner:
             path, self.queries = await asyncio.to_thread(data.ensure, Path(self.cfg.data_dir), self.cfg.scale_factor)
         except Exception as exc:  # duckdb.Error, OSError: the node cannot serve SQL at all
             raise SandboxSetupError(f"cannot open the TPC-H data: {exc}") from exc
-        self.root = CgroupRoot(self.name + "-sql", Path(self.cfg.cgroup_mount), parent=self.cgroup_parent)
+        self.root = CgroupRoot(self.name + "-sql", Path(self.cfg.cgroup_mount))
         self.host = EngineHost(
             {
                 "db": str(path),
