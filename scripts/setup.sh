@@ -35,7 +35,7 @@ find_python() {
   if [[ -n "${SANDBOXD_PYTHON:-}" ]]; then echo "$SANDBOXD_PYTHON"; return; fi
   local roots=()
   command -v pyenv >/dev/null 2>&1 && roots+=("$(pyenv root)/versions")
-  roots+=("$HOME/.pyenv/versions")
+  [[ -n "${HOME:-}" ]] && roots+=("$HOME/.pyenv/versions")  # a systemd unit may have no HOME
   for r in "${roots[@]}"; do
     # Oldest first: 3.12 is what CI runs; 3.13 works too (tests pass on both).
     for cand in $(ls -d "$r"/3.1[2-9]* 2>/dev/null | sort -V); do
@@ -68,6 +68,26 @@ if [[ "$have" != "$hash dev" && "$have" != "$hash $extras" ]]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
   "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[$extras]"
   echo "$hash $extras" > "$stamp"
+fi
+# The newest E2B SDK release, in a venv of its own (its connectrpc and protobuf-py lines differ from the pinned
+# pair's, which the node's envd speaks): tests/test_e2b_versions.py runs the same SDK flows with both.
+if [[ $MODE == test ]]; then
+  E2B_VENV="$ROOT/.venv-e2b-latest"
+  e2b_hash=$(sha256sum constraints-e2b-latest.txt | cut -d' ' -f1)
+  if [[ "$(cat "$E2B_VENV/.installed" 2>/dev/null || true)" != "$e2b_hash" ]]; then
+    log "installing the newest E2B SDK release into $E2B_VENV"
+    [[ -x "$E2B_VENV/bin/python" ]] || "$PY" -m venv "$E2B_VENV"
+    "$E2B_VENV/bin/python" -m pip install -q -c constraints-e2b-latest.txt e2b e2b-code-interpreter pytest pytest-timeout
+    echo "$e2b_hash" > "$E2B_VENV/.installed"
+  fi
+  # ... and E2B's JavaScript SDK, at the versions tests/e2b_js/package-lock.json holds (npm, the machine's node).
+  js_hash=$(sha256sum tests/e2b_js/package-lock.json | cut -d' ' -f1)
+  if [[ "$(cat tests/e2b_js/node_modules/.sandboxd-installed 2>/dev/null || true)" != "$js_hash" ]]; then
+    command -v npm >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq --no-install-recommends npm >/dev/null; }
+    log "installing E2B's JavaScript SDK into tests/e2b_js"
+    npm ci --prefix tests/e2b_js --no-audit --no-fund --loglevel=error >/dev/null
+    echo "$js_hash" > tests/e2b_js/node_modules/.sandboxd-installed
+  fi
 fi
 # The chart tests render helm/sandboxd with a real helm (no PyPI/Debian package: see the script).
 if [[ $MODE == test && "$(uname -m)" == "x86_64" ]]; then "$VENV/bin/python" scripts/install_helm.py "$VENV/bin"; fi

@@ -204,7 +204,8 @@ def test_files_round_trip_text_binary_and_directories() -> None:
         assert sbx.commands.run("wc -c < data/blob.bin").stdout.strip() == str(len(blob))  # commands see them
         assert sbx.commands.run("pwd; cat /home/user/notes.txt").stdout == "/home/user\nhéllo\n"
         names = {(e.name, e.type.value if e.type else None) for e in sbx.files.list("/home/user")}
-        assert names == {("notes.txt", "file"), ("data", "dir")}  # the facade's own state is hidden
+        # the facade's own state is hidden; .profile keeps the sandbox's python first for commands (a real file)
+        assert names == {("notes.txt", "file"), ("data", "dir"), (".profile", "file")}
         assert sbx.files.exists("notes.txt") and not sbx.files.exists("missing.txt")
         assert sbx.files.make_dir("a/b") is True
         sbx.files.rename("notes.txt", "a/b/moved.txt")
@@ -276,6 +277,38 @@ def test_bad_input_is_the_clients_error(node: str) -> None:
         assert sbx.commands.run("echo still").stdout == "still\n"
     finally:
         sbx.kill()
+
+
+def test_every_answer_under_e2bs_paths_has_e2bs_shape(node: str) -> None:
+    """Served or not, with a key or without: ``{code, message}`` (the generated client reads ``code`` from every
+    error body it parses; a body without it is a KeyError in the user's program), the code the status."""
+    key = {"X-API-Key": KEY_A}
+    cases = [
+        ("POST", "/v2/sandboxes", {}, {"templateID": "base"}, 401),  # no key: refused at the front door
+        ("GET", "/templates/aliases/base", key, None, 501),
+        ("POST", "/v3/templates", key, {"name": "x"}, 501),
+        ("GET", "/volumes", key, None, 501),
+        ("PUT", "/v2/sandboxes", key, {}, 501),
+        ("GET", "/sandboxes/none/metrics", key, None, 501),
+        ("POST", "/v2/sandboxes", key, {"timeout": 30}, 422),  # no templateID
+        ("POST", "/v2/sandboxes", key, {"templateID": "base", "volumeMounts": [{"name": "v", "path": "/d"}]}, 501),
+        ("POST", "/v2/sandboxes/none/connect", key, {}, 404),
+        ("DELETE", "/sandboxes/none", key, None, 404),
+    ]
+    for method, path, headers, body, status in cases:
+        r = httpx.request(method, f"{node}{path}", headers=headers, json=body)
+        doc = r.json()
+        assert (r.status_code, doc["code"]) == (status, status) and doc["message"], (method, path, r.text)
+        if status >= 500:
+            assert r.headers.get("should-retry") == "false", (path, r.headers)  # SDK 2.46 on: not retried
+    r = httpx.post(f"{node}/v2/sandboxes", json={"templateID": "base"}, headers={**key, "Idempotency-Key": "k-1"})
+    again = httpx.post(f"{node}/v2/sandboxes", json={"templateID": "base"}, headers={**key, "Idempotency-Key": "k-1"})
+    assert r.status_code == again.status_code == 201 and r.json()["sandboxID"] == again.json()["sandboxID"]
+    connected = httpx.post(f"{node}/v2/sandboxes/{r.json()['sandboxID']}/connect", json={"timeout": 1}, headers=key)
+    assert connected.status_code == 200 and connected.json()["envdAccessToken"] == r.json()["envdAccessToken"]
+    time.sleep(1.5)  # connect never shortens a timeout: the sandbox (300 s) outlives the 1 s asked
+    assert httpx.get(f"{node}/sandboxes/{r.json()['sandboxID']}", headers=key).status_code == 200
+    assert httpx.delete(f"{node}/sandboxes/{r.json()['sandboxID']}", headers=key).status_code == 204
 
 
 def test_what_is_not_served_is_refused_clearly() -> None:

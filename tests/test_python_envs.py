@@ -83,6 +83,23 @@ async def test_the_default_environment_has_what_trainers_import(http: httpx.Asyn
     assert any(p.startswith("numpy==") for p in described["environments"]["default"]["packages"])
 
 
+async def test_a_programs_own_python_is_the_jails_with_its_environment(http: httpx.AsyncClient) -> None:
+    """``python3 -c`` from a program (a reward's test harness, as ms-swift's runs each case) and ``python`` are
+    the jail's interpreter with the step's environment, not the system's bare one (no numpy, or no such name)."""
+    code = (
+        "import subprocess, sys\n"
+        "for exe in ('python', 'python3'):\n"
+        "    out = subprocess.run([exe, '-c', 'import sys, numpy; print(sys.version_info[:2], numpy.__name__)'],"
+        " capture_output=True, text=True)\n"
+        "    print(exe, out.returncode, out.stdout.strip(), out.stderr.strip()[-200:])\n"
+        "print(tuple(sys.version_info[:2]))"
+    )
+    r = await run(http, code)
+    assert r["ok"], r
+    *lines, own = [line.strip() for line in r["observation"]["stdout"].splitlines()]
+    assert lines == [f"python 0 {own} numpy", f"python3 0 {own} numpy"], r["observation"]
+
+
 async def test_preloaded_imports_cost_an_execution_nothing(http: httpx.AsyncClient) -> None:
     warm = [await warm_step(http, WARM) for _ in range(3)]
     for r in warm:

@@ -491,6 +491,16 @@ class Gateway:
         _, out = await channel.call("deadline", fields)
         return SessionInfo.model_validate_json(out)
 
+    async def interrupt_session(self, session_id: str, tenant: str) -> bool:
+        """Interrupt the step a session runs now, its state kept (a kernel's interrupt); False when none runs. A
+        session of another node is interrupted by that node's front, which its client's request reached."""
+        if self._remote(session_id):
+            return False
+        header, _ = await self._session_worker(session_id).call(
+            "interrupt", {"session_id": session_id, "tenant": tenant}
+        )
+        return bool(header.get("interrupted"))
+
     async def close_raw(self, session_id: str, tenant: str, why: str = "closed by the client") -> Stored:
         """204, or the error's status and body. A session whose worker is gone is forgotten (204)."""
         try:

@@ -38,7 +38,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from sandboxd.answers import error_body
 from sandboxd.api.auth import Auth
-from sandboxd.api.e2b.paths import is_data_plane
+from sandboxd.api.e2b.paths import is_data_plane, is_e2b
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.config import NodeSettings
 from sandboxd.errors import (
@@ -551,7 +551,7 @@ def refusal_bytes(exc: SandboxdError, path: bytes) -> bytes:
         body = orjson.dumps(
             {"detail": exc.message, "code": "VALIDATION_ERROR" if exc.blame == "client" else "CAPACITY_REACHED"}
         )
-    elif path.startswith((b"/sandboxes", b"/v2/sandboxes")) or is_data_plane(path):  # the E2B SDK's
+    elif is_e2b(path):  # the E2B SDK's
         body = orjson.dumps({"code": code, "message": exc.message})
     elif path.startswith(b"/mcp"):
         body = orjson.dumps(

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -207,6 +207,19 @@ class ForkingRunner(Runner, Protocol):
         notes on what could not be copied (e.g. a page's live JavaScript state), for the client to read.
         """
         ...
+
+
+class InterruptingRunner(Runner, Protocol):
+    """A runner whose session steps can be interrupted from outside: a kernel's interrupt, for a client that
+    stopped waiting for its cell (E2B's ``run_code`` timing out), so the next one does not queue behind it."""
+
+    async def interrupt_session(self, session_id: str) -> bool:
+        """Interrupt the step ``session_id`` runs now, its state kept; False when none runs."""
+        ...
+
+
+def can_interrupt(runner: Runner) -> TypeGuard[InterruptingRunner]:
+    return callable(getattr(runner, "interrupt_session", None))
 
 
 def can_fork(runner: Runner) -> bool:

@@ -54,6 +54,7 @@ from sandboxd.runners.base import (
     StepLimits,
     StepOutcome,
     can_fork,
+    can_interrupt,
     validation_message,
 )
 from sandboxd.worker.admission import Admission
@@ -143,6 +144,11 @@ class Worker:
             rec = self.sessions.get(h["session_id"], h["tenant"])
             rec.ends_in(float(h["timeout_s"]), self.settings.session_ttl_s, self.settings.session_idle_s)
             return {}, orjson.dumps(rec.describe())
+        if op == "interrupt":
+            rec = self.sessions.get(h["session_id"], h["tenant"])
+            run = self.runners.get(rec.runner)
+            hit = rec.busy and run is not None and can_interrupt(run) and await run.interrupt_session(rec.session_id)
+            return {"interrupted": hit}, b""
         if op == "status":
             return {}, orjson.dumps({sid: self.sessions.state(sid, h["tenant"]) for sid in h["session_ids"]})
         if op == "hello":

@@ -6,19 +6,23 @@ and its working directory. Its metadata are the session's labels; its timeout is
 ``set_timeout``; its ``envdAccessToken`` opens its data plane and nothing else (``api/auth.py``). Extra code
 contexts are python sessions of their own, labelled with their sandbox and closed with it.
 
-Control plane (``X-API-Key``: a node key of the form the SDK checks, ``e2b_<hex>``): create, get, list with
-metadata filters, kill, set_timeout, connect. Data plane (``E2b-Sandbox-Id`` with ``X-Access-Token``, or the
-code interpreter's ``E2B-Traffic-Access-Token``, the same token): the code interpreter's ``/execute`` and
-``/contexts``, envd's ``/health``. Not served, refused in the SDK's own error
-shapes: envd's processes and filesystem (``commands``, ``files``: Connect-RPC), pause and resume (a sandbox here
-is a live process, not a snapshot), fork of a sandbox, templates other than the default ones, port URLs.
+Control plane (``X-API-Key``: a node key; SDKs before 2.46 check it has the form ``e2b_<hex>``): create, get,
+list with metadata filters, kill, set_timeout, connect, in both generations of E2B's routes (``/sandboxes``,
+and ``/v2/sandboxes`` from SDK 2.46 on). Data plane (``E2b-Sandbox-Id`` with ``X-Access-Token``, or the code
+interpreter's ``E2B-Traffic-Access-Token``, the same token): the code interpreter's ``/execute`` and
+``/contexts``, envd's ``/health``, ``/files`` and its processes and filesystem (Connect-RPC, ``envd.py``).
+Everything else under E2B's paths (pause, snapshots, fork, templates, volumes, network, metrics) is refused
+in E2B's ``{code, message}`` shape, which every SDK raises as its own exception.
 
 No ``from __future__ import annotations`` here: FastAPI reads the routes' ``Annotated[..., Depends()]``
 signatures at run time (as in ``native.py``).
 """
 
+import asyncio
 import base64
+import contextlib
 import datetime
+import hashlib
 import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -30,9 +34,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from sandboxd.api.auth import Auth
-from sandboxd.api.e2b.cells import execution_cell, ndjson
+from sandboxd.api.e2b.cells import execution_cell, ndjson, restart_cell, split_answer
 from sandboxd.api.e2b.envd import CALL_TIMEOUT_S, MALFORMED, READ_CHUNK, Refused, SandboxCalls, connect_apps
 from sandboxd.api.e2b.labels import OWN_PREFIX, PARENT_LABEL, TEMPLATE_LABEL
+from sandboxd.api.e2b.paths import CONTROL_HEADS
 from sandboxd.api.surface import json_response, retry_headers, surface_router
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.constants import SESSION_HOME
@@ -54,6 +59,7 @@ HOME = SESSION_HOME  # E2B's home: a sandbox's working directory, its /tmp under
 DEFAULT_TIMEOUT_S = 300  # the SDK's own default
 MAX_TIMEOUT_S = 7 * 86400  # what a timeout may say at all (the node's session_ttl_s caps what it gets)
 MAX_FILES = 1000  # parts of one upload
+INTERRUPT_AGAIN_S = 1.0  # a cell whose client left, still queued or ignoring its interrupt: interrupted again
 CONNECT_METHODS = {
     "/process.Process/": ("Start", "Connect", "List", "SendSignal", "SendInput", "CloseStdin", "Update", "StreamInput"),
     "/filesystem.Filesystem/": (
@@ -70,21 +76,52 @@ CONNECT_METHODS = {
 }
 
 
+class Network(BaseModel):
+    """A create's ``network``: egress rules and public traffic. Only what cannot be honoured matters here."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    allow_out: list[str] | None = Field(None, alias="allowOut")
+
+
 class NewSandbox(BaseModel):
-    """``POST /sandboxes`` as the SDK sends it (fields it may add later are ignored, as E2B's API does)."""
+    """``POST /sandboxes`` (SDK 1.x to 2.45) and ``POST /v2/sandboxes`` (2.46 on) as the SDKs send them: the v2
+    body leaves ``timeout`` out unless the caller set one. Fields a later SDK adds are ignored, as E2B's API
+    does; the ones asking for what a sandbox here cannot do are refused by name (``refused``)."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     template_id: str = Field(alias="templateID", max_length=256)
     timeout: int = Field(DEFAULT_TIMEOUT_S, ge=1, le=MAX_TIMEOUT_S)
-    metadata: dict[str, str] = Field(default_factory=dict)
-    env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
+    metadata: dict[str, str] | None = None  # JS sends null where Python sends {}
+    env_vars: dict[str, str] | None = Field(None, alias="envVars")
     auto_pause: bool = Field(False, alias="autoPause")
+    mcp: dict[str, Any] | None = None
+    volume_mounts: list[Any] | None = Field(None, alias="volumeMounts")
+    network: Network | None = None
+
+    def refused(self) -> str | None:
+        """Why this create asks for what is not served (each the SDK's ``SandboxException`` by a 501)."""
+        if self.auto_pause:
+            return "autoPause is not served: a sandbox here is a live process, not a snapshot"
+        if self.mcp:
+            return "mcp is not served: sandboxes here have no network and no mcp-gateway template"
+        if self.volume_mounts:
+            return "volumeMounts are not served: a sandbox's files live in its own memory"
+        if self.network is not None and self.network.allow_out:
+            return "network.allowOut is not served: sandboxes here have no network at all"
+        return None
 
 
 class Timeout(BaseModel):
     model_config = ConfigDict(extra="ignore")
     timeout: int = Field(..., ge=0, le=MAX_TIMEOUT_S)
+
+
+class Connect(BaseModel):
+    """``POST /v2/sandboxes/{id}/connect``: ``{}`` or ``{"timeout": N}`` (``memory`` is a resume's, ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    timeout: int = Field(DEFAULT_TIMEOUT_S, ge=0, le=MAX_TIMEOUT_S)
 
 
 class Refresh(BaseModel):
@@ -106,18 +143,41 @@ class NewContext(BaseModel):
     cwd: str | None = None
 
 
+GONE = (UnknownSession, SessionLost, SessionClosed, SessionExpired)
+
+
 def e2b_error(exc: SandboxdError) -> Response:
-    """E2B's error shape: ``{"code": <status>, "message": ...}``; a sandbox that is gone is a 404 (control plane)."""
-    status = 404 if isinstance(exc, UnknownSession | SessionLost) else exc.status
-    return json_response({"code": status, "message": exc.message}, status, retry_headers(exc.retry_after_s))
+    """E2B's error shape, ``{"code": <status>, "message": ...}``, which every SDK parses (a body without ``code``
+    crashes the generated client with ``KeyError``). On the control plane a sandbox that is gone, killed or
+    timed out is a 404, as E2B's API says of it (``kill`` then returns False, ``connect`` raises
+    ``SandboxNotFoundException``); a refusal no retry can change says so (``Should-Retry``: SDK 2.46 on
+    retries 429/502/503/504 three times unless told not to)."""
+    status = 404 if isinstance(exc, GONE) else exc.status
+    headers = retry_headers(exc.retry_after_s) or {}
+    if exc.retry_after_s is None and status >= 500:
+        headers["Should-Retry"] = "false"
+    return json_response({"code": status, "message": exc.message}, status, headers)
 
 
 def data_error(exc: SandboxdError) -> Response:
     """On a sandbox's data plane, a sandbox that is gone, or was killed or timed out during the call, answers
-    502, as E2B's proxy does for an ended sandbox (the SDK then says it probably timed out)."""
-    if isinstance(exc, UnknownSession | SessionLost | SessionClosed | SessionExpired):
-        return Response(f"sandbox is not running: {exc.message}", status_code=502, media_type="text/plain")
+    502, as E2B's proxy does for an ended sandbox; its message says the sandbox "was not found", the words SDK
+    2.46 on read to raise ``SandboxNotRunningException`` (older ones raise a timeout)."""
+    if isinstance(exc, GONE):
+        body = {"code": 502, "message": f"The sandbox was not found: {exc.message}"}
+        return json_response(body, 502)
     return e2b_error(exc)
+
+
+async def disconnected(request: Request) -> None:
+    """Returns once the client has gone (its body was read: what ``receive`` gives now is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _digest(key: str) -> str:
+    """A client's key as the node keeps it: any length the client sent, one length kept."""
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def _iso(ts: float) -> str:
@@ -176,9 +236,17 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     async def settle(session_id: str, tenant: str, env_vars: dict[str, str]) -> None:
         """A new interpreter as E2B's starts: in the home (its /tmp, bound at /home/user in session jails), with
-        HOME and the sandbox's envVars set. A session that cannot be settled is closed and the create refused."""
+        HOME and the sandbox's envVars set, and a ``.profile`` there that keeps the interpreter's PATH for the
+        login shell every ``commands.run`` is (Debian's /etc/profile would put the system's python3 first, and
+        no ``python`` at all). A session that cannot be settled is closed and the create refused."""
         env = {"HOME": HOME, **env_vars}
-        code = f"import os as _o; _o.chdir({HOME!r}); _o.environ.update({env!r}); del _o\n"
+        code = (
+            f"import os as _o, shlex as _s; _o.chdir({HOME!r}); _o.environ.update({env!r})\n"
+            "with open('.profile', 'w') as _f:\n"
+            "    _f.write('# what a login shell reads (commands.run): the sandbox\\'s python first, as run_code\\'s\\n'"
+            " 'export PATH=' + _s.quote(_o.environ['PATH']) + '\\n')\n"
+            "del _o, _s, _f\n"
+        )
         step = StepRequest(runner="python", action={"code": code}, session_id=session_id)
         result = await gateway.step(step, tenant)
         if not result.ok:
@@ -201,13 +269,13 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     # ------------------------------------------------------------------ control plane
 
-    @control.post("/sandboxes", status_code=201)
-    async def create_sandbox(req: NewSandbox, tenant: Tenant) -> Response:
-        """A sandbox: a python session with the template's name and the metadata as labels."""
+    async def create_sandbox(req: NewSandbox, tenant: str, idempotency_key: str | None) -> Response:
+        """A sandbox: a python session with the template's name and the metadata as labels. The same
+        ``Idempotency-Key`` again (the SDK's retry of a create whose answer it lost) is the same sandbox."""
         if req.template_id not in TEMPLATES:
             raise BadRequest(f"template {req.template_id!r} is not served here; this node serves {list(TEMPLATES)}")
-        if req.auto_pause:
-            raise NotServed("autoPause is not served: a sandbox here is a live process, not a snapshot")
+        if why := req.refused():
+            raise NotServed(why)
         if python is None:
             raise NotServed("this node does not run python sandboxes (enable the python runner)")
         s = gateway.settings
@@ -216,11 +284,20 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             options={"keep_processes": True},  # background commands outlive the call that started them
             ttl_s=min(float(req.timeout), s.session_ttl_s),
             idle_timeout_s=min(float(req.timeout), s.session_idle_s),
-            labels=labels_of(req.metadata, req.template_id),
+            labels=labels_of(req.metadata or {}, req.template_id),
+            idempotency_key=f"e2b:{_digest(idempotency_key)}" if idempotency_key else None,
         )
         info = await gateway.create_session(create, tenant)
-        await settle(info.session_id, tenant, req.env_vars)
+        await settle(info.session_id, tenant, req.env_vars or {})
         return json_response(described(info, tenant, detail=False), 201)
+
+    @control.post("/sandboxes", status_code=201)
+    async def create_v1(req: NewSandbox, tenant: Tenant) -> Response:
+        return await create_sandbox(req, tenant, None)
+
+    @control.post("/v2/sandboxes", status_code=201)
+    async def create_v2(req: NewSandbox, tenant: Tenant, request: Request) -> Response:
+        return await create_sandbox(req, tenant, request.headers.get("idempotency-key"))
 
     @control.get("/sandboxes/{sandbox_id}")
     async def get_sandbox(sandbox_id: str, tenant: Tenant) -> Response:
@@ -287,10 +364,21 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         await ends_in(sandbox_id, tenant, req.duration)
         return Response(status_code=204)
 
+    async def connected(sandbox_id: str, tenant: str, timeout: int) -> Response:
+        """A running sandbox, again: its timeout extended to ``timeout`` from now if it would end sooner, never
+        shortened (E2B's rule; E2B would also resume a paused one, and nothing here pauses)."""
+        info = await sandbox_info(tenant, sandbox_id)
+        if info.expires_in_s < timeout:
+            info = await ends_in(sandbox_id, tenant, timeout)
+        return json_response(described(info, tenant, detail=False))
+
     @control.post("/sandboxes/{sandbox_id}/connect")
-    async def connect(sandbox_id: str, req: Timeout, tenant: Tenant) -> Response:
-        """A running sandbox, again (its timeout set as asked); E2B would also resume a paused one."""
-        return json_response(described(await ends_in(sandbox_id, tenant, req.timeout), tenant, detail=False))
+    async def connect_v1(sandbox_id: str, req: Timeout, tenant: Tenant) -> Response:
+        return await connected(sandbox_id, tenant, req.timeout)
+
+    @control.post("/v2/sandboxes/{sandbox_id}/connect")
+    async def connect_v2(sandbox_id: str, tenant: Tenant, req: Connect | None = None) -> Response:
+        return await connected(sandbox_id, tenant, (req or Connect()).timeout)
 
     @control.post("/sandboxes/{sandbox_id}/pause")
     async def pause(sandbox_id: str, tenant: Tenant) -> Response:
@@ -328,14 +416,27 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             raise BadRequest(f"language {language!r}: this node's code contexts run python only")
 
     @data.post("/execute")
-    async def execute(req: Execute, caller: Sandbox) -> Response:
-        """One cell in the context's interpreter; its output as NDJSON lines (sent when the cell has ended)."""
+    async def execute(req: Execute, caller: Sandbox, request: Request) -> Response:
+        """One cell in the context's interpreter; its output as NDJSON lines (sent when the cell has ended). A
+        client that stops waiting (the SDK's ``timeout``, a closed connection) interrupts the cell, as E2B's
+        kernel does: the next ``run_code`` does not queue behind it, and the context keeps its state."""
         tenant, sandbox_id = caller
         python_only(req.language)
         session_id = await context_of(tenant, sandbox_id, req.context_id)
         cell, marker = execution_cell(req.code, req.env_vars or {})
         # After whatever runs there now (a command's output being read): a kernel queues executions too.
-        result = await calls.step(tenant, session_id, {"code": cell}, gateway.settings.max_timeout_s)
+        stepping = asyncio.ensure_future(calls.step(tenant, session_id, {"code": cell}, gateway.settings.max_timeout_s))
+        gone = asyncio.ensure_future(disconnected(request))
+        try:
+            await asyncio.wait({stepping, gone}, return_when=asyncio.FIRST_COMPLETED)
+            while not stepping.done():  # nobody reads the answer now; the cell may still be queued behind another
+                with contextlib.suppress(SandboxdError):
+                    await gateway.interrupt_session(session_id, tenant)
+                await asyncio.wait({stepping}, timeout=INTERRUPT_AGAIN_S)
+            result = stepping.result()
+        finally:
+            gone.cancel()
+            stepping.cancel()
         return Response(ndjson(result, marker), media_type="application/x-ndjson")
 
     @data.post("/contexts")
@@ -376,8 +477,13 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     @data.post("/contexts/{context_id}/restart")
     async def restart_context(context_id: str, caller: Sandbox) -> Response:
         tenant, sandbox_id = caller
-        await context_of(tenant, sandbox_id, context_id)
-        raise NotServed("restarting a context is not served: create a new context (or sandbox) instead")
+        session_id = await context_of(tenant, sandbox_id, context_id)
+        cell, marker = restart_cell(HOME)
+        result = await calls.step(tenant, session_id, {"code": cell}, CALL_TIMEOUT_S)
+        if split_answer(str((result.get("observation") or {}).get("stdout") or ""), marker)[1] is None:
+            error = result.get("error") or {}
+            raise BadRequest(f"the context could not be restarted: {error.get('message') or 'its program broke it'}")
+        return Response(status_code=204)
 
     @data.get("/health", status_code=204)
     async def health(caller: Sandbox) -> Response:
@@ -439,6 +545,21 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             return await calls.call(tenant, sandbox_id, name, **kwargs)
         except Refused as exc:
             raise exc.as_error() from None
+
+    # Last, under every head of E2B's API: what is not served above is refused in E2B's shape, a 501 each SDK
+    # raises as its own exception (a 404 would read as "no such sandbox": kill and delete_snapshot return
+    # False on one), never the node's own 404/405 (no "code": the generated client dies of a KeyError).
+    methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+    for head in CONTROL_HEADS:
+
+        async def not_served(request: Request, tenant: Tenant) -> Response:
+            raise NotServed(
+                f"{request.method} {request.url.path} is not served by this node's E2B API; it serves sandboxes "
+                "of the code interpreter's templates (create, connect, list, get, kill, set_timeout) and their "
+                "code, commands and files"
+            )
+
+        control.add_api_route(f"/{head}{{rest:path}}", not_served, methods=methods, include_in_schema=False)
 
     api = APIRouter()
     api.include_router(control)

@@ -83,6 +83,24 @@ def _figures():
     return shown
 
 
+def restart(user, home, marker):
+    # A kernel's restart as this interpreter can make it: the context's variables gone, the count from 1, its
+    # figures closed, back in its home. Modules stay imported (a fresh kernel imports them again, the same).
+    global executions
+    executions = 0
+    keep = ("__name__", "__doc__", "__builtins__", "__spec__", "__loader__", "__package__")
+    kept = {k: user[k] for k in keep if k in user}
+    user.clear()
+    user.update(kept)
+    plt = _sys.modules.get("matplotlib.pyplot")
+    if plt is not None:
+        plt.close("all")
+    _os.chdir(home)
+    out = ("\n" + marker + "{}\n").encode()
+    while out:
+        out = out[_os.write(1, out):]
+
+
 def run(code, envs, marker, user):
     global executions
     executions = globals().get("executions", 0) + 1
@@ -103,7 +121,7 @@ def run(code, envs, marker, user):
         if value is not None:
             user["_"] = value
             events["results"].append({**_repr_bundle(value), "is_main_result": True})
-    except Exception as exc:
+    except BaseException as exc:  # KeyboardInterrupt (an interrupt) and SystemExit too, as a kernel reports them
         tb = exc.__traceback__
         while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell "):
             tb = tb.tb_next
@@ -140,6 +158,12 @@ def new_marker() -> str:
     """What a driver's answer follows on the cell's stdout: random per request, so output cannot be taken for it
     by accident (the program could still forge its own sandbox's answer, as it could its own output)."""
     return f"\x1esandboxd-e2b-{secrets.token_hex(16)}\x1e"
+
+
+def restart_cell(home: str) -> tuple[str, str]:
+    """The session cell for a context's restart, and the marker its answer follows."""
+    marker = new_marker()
+    return module_cell("_sandboxd_e2b", DRIVER, f"restart(globals(), {home!r}, {marker!r})"), marker
 
 
 def execution_cell(code: str, envs: dict[str, str]) -> tuple[str, str]:

@@ -137,7 +137,8 @@ def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str =
         log_level=LogLevel.WARNING,
         # LD_LIBRARY_PATH: a copied pyenv build still has its RPATH pointing at the original tree.
         envar=[
-            *(f"{k}={v}" for k, v in JAIL_ENV.items()),
+            *(f"{k}={v}" for k, v in JAIL_ENV.items() if k != "PATH"),
+            f"PATH={prefix}/bin:{JAIL_ENV['PATH']}",  # python and python3 are the jail's interpreter
             f"LD_LIBRARY_PATH={prefix}/lib",
             # Native libraries' thread pools: one thread each, so a template forks safely (a fork copies
             # one thread; a pool's others would be gone in every child) and a step uses its one core.

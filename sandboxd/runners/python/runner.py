@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import secrets
+import signal
 import sys
 import time
 from collections.abc import Iterable
@@ -779,6 +780,15 @@ class PythonRunner:
             if not outcome.session_alive:
                 await self._drop_session(sess)
             return outcome
+
+    async def interrupt_session(self, session_id: str) -> bool:
+        """SIGINT to the session's interpreter while a cell runs (``KeyboardInterrupt`` in the cell, as a
+        notebook's interrupt: its state stays). Between cells the session holds SIGINT and drops it."""
+        sess = self.sessions.get(session_id)
+        if sess is None or not sess.lock.locked():
+            return False
+        sess.executor.kill(signal.SIGINT)
+        return True
 
     def _killed_why(self, sess: Session) -> str | None:
         """Why a session's sandbox vanished, when its cgroup says the kernel's OOM killer took it (between steps

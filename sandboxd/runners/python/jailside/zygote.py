@@ -814,6 +814,12 @@ def _fresh_main(script: str | None = None, site: str | None = None) -> dict[str,
     main.__dict__["__builtins__"] = builtins  # the real module: the program's own, to change as it likes
     sys.modules["__main__"] = main
     tail = [site] if site else []
+    # A program's own ``python3 -c ...`` (a reward's test harness, ``subprocess.run``, ``!pip list``) is this
+    # interpreter (first on PATH) with the same environment, as a venv's would be, not the system's bare one.
+    if site:
+        os.environ["PYTHONPATH"] = site
+    else:
+        os.environ.pop("PYTHONPATH", None)
     if script:
         main.__dict__.update(__file__=script, __cached__=None)
         sys.argv = [script]

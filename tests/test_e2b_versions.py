@@ -1,0 +1,70 @@
+"""The E2B SDK releases users run, against one node: the same flows (tests/e2b_sdk/sdk_flows.py: lifecycle,
+connect, commands and files, a code reward as ms-swift computes it, interrupts, contexts, refusals) with the
+pinned pair (the project's venv: constraints.txt) and with the newest release (its own venv:
+constraints-e2b-latest.txt; it needs other connectrpc and protobuf-py lines). Each run is the SDK's own
+process with only E2B's environment variables pointing at the node; the test says which releases it ran."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import running_node
+
+pytestmark = [pytest.mark.nsjail, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOWS = ROOT / "tests" / "e2b_sdk" / "sdk_flows.py"
+KEY = "e2b_" + "c3" * 20
+
+
+def pinned(name: str, constraints: Path) -> str:
+    found = re.search(rf"^{re.escape(name)}==(\S+)$", constraints.read_text(), re.M)
+    assert found, f"{name} is not pinned in {constraints.name}"
+    return found.group(1)
+
+
+RELEASES = {
+    "pinned": (Path(sys.executable), ROOT / "constraints.txt"),
+    "latest": (ROOT / ".venv-e2b-latest" / "bin" / "python", ROOT / "constraints-e2b-latest.txt"),
+}
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[str]:
+    with running_node(runners='["python"]', workers=1, api_keys=f'["{KEY}"]') as base:
+        yield base
+
+
+@pytest.mark.parametrize("release", list(RELEASES))
+def test_the_sdk_flows(node: str, release: str) -> None:
+    python, constraints = RELEASES[release]
+    assert python.exists(), f"{python}: scripts/setup.sh --test installs it"
+    expect = f"{pinned('e2b', constraints)}/{pinned('e2b-code-interpreter', constraints)}"
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "SANDBOXD_", "PYTEST_")) and k != "PYTHONPATH"
+    }
+    env.update(E2B_API_KEY=KEY, E2B_API_URL=node, E2B_SANDBOX_URL=node, E2B_EXPECT_VERSION=expect)
+    here = str(FLOWS.parent)  # nothing of the project's pytest set-up: the SDK's process is a user's program
+    command = [str(python), "-m", "pytest", str(FLOWS), "-q", "-rf", "-p", "no:cacheprovider", "-c", "/dev/null"]
+    command += ["--rootdir", here, "--confcutdir", here]
+    out = subprocess.run(command, cwd=FLOWS.parent, env=env, capture_output=True, text=True, timeout=540)
+    print(f"E2B SDK {release} (e2b/e2b-code-interpreter {expect}):\n{out.stdout[-4000:]}")
+    assert out.returncode == 0, f"e2b {expect}:\n{out.stdout[-6000:]}\n{out.stderr[-2000:]}"
+
+
+def test_the_javascript_sdk(node: str) -> None:
+    """npm ``e2b`` / ``@e2b/code-interpreter`` (tests/e2b_js/package-lock.json) with the machine's node."""
+    here = ROOT / "tests" / "e2b_js"
+    assert (here / "node_modules" / "e2b").is_dir(), "scripts/setup.sh --test installs it (npm ci)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "SANDBOXD_"))}
+    env.update(E2B_API_KEY=KEY, E2B_API_URL=node, E2B_SANDBOX_URL=node)
+    out = subprocess.run(["node", "flow.mjs"], cwd=here, env=env, capture_output=True, text=True, timeout=300)
+    print(out.stdout)
+    assert out.returncode == 0 and out.stdout.endswith("all passed\n"), f"{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
