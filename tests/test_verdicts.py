@@ -125,6 +125,23 @@ async def test_a_batch_of_loops_and_honest_programs_up_to_four_times_the_slots(n
     assert got == want, got
 
 
+async def test_a_tenants_looping_sessions_beyond_the_slots_are_its_own_timeouts(node: str) -> None:
+    """Session cells are not bounded by slots: three times the node's slots of one tenant's sessions looping at
+    once are each the program's timeout, never the node's (a red team's 20 and 30 on 2 vCPUs: all node_pressure,
+    the wall cap allowed for the slots' density only)."""
+    n = 3 * 2 * SLOTS
+    async with tenant(node) as c:
+        made = await asyncio.gather(*(c.post("/sessions", json={"runner": "python"}) for _ in range(n)))
+        ids = [r.json()["session_id"] for r in made]
+        try:
+            body = {"runner": "python", "action": {"code": "while True:\n    pass"}, "timeout_s": 0.5}
+            results = await asyncio.gather(*(c.post("/rollout/step", json={**body, "session_id": sid}) for sid in ids))
+        finally:
+            await asyncio.gather(*(c.delete(f"/sessions/{sid}") for sid in ids))
+    got = collections.Counter(verdict_of(r.json()) for r in results)
+    assert got == {"program_timeout": n}, got
+
+
 def _own(controller: str) -> Path:
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, ctrls, path = line.split(":", 2)
@@ -326,6 +343,25 @@ async def test_a_deep_tree_never_turns_grading_into_infra(node: str) -> None:
             skipped = body["observation"]["session_files_skipped"]
             assert len(skipped) <= 101 and any("more" in why for why in skipped.values()), list(skipped.items())[:5]
             assert len(r.content) < 200_000
+        finally:
+            await c.delete(f"/sessions/{sid}")
+
+
+async def test_a_name_that_is_not_utf8_is_skipped_by_grading_and_the_session_goes_on(node: str) -> None:
+    """A session's file named with bytes that are not UTF-8: the grade step answers 200 and names it as skipped
+    (a red team's ``open(b'/tmp/\\xff')``: 500 infra, and the session answered 409 busy until its TTL)."""
+    async with tenant(node) as c:
+        sid = (await c.post("/sessions", json={"runner": "python"})).json()["session_id"]
+        try:
+            make = "open(b'/tmp/\\xff', 'w').write('x'); open('answer.txt', 'w').write('42')"
+            made = await c.post("/rollout/step", json={"runner": "python", "session_id": sid, "action": {"code": make}})
+            assert made.json()["ok"], made.text
+            grade = {"code": "print(open('answer.txt').read())", "grade": True}
+            r = await c.post("/rollout/step", json={"runner": "python", "session_id": sid, "action": grade})
+            assert r.status_code == 200 and r.json()["ok"], r.text[:500]
+            assert "not UTF-8" in str(r.json()["observation"]["session_files_skipped"]), r.json()["observation"]
+            again = await c.post("/rollout/step", json={"runner": "python", "session_id": sid, "action": {"code": "1"}})
+            assert again.status_code == 200 and again.json()["ok"], again.text  # not stuck busy
         finally:
             await c.delete(f"/sessions/{sid}")
 

@@ -66,6 +66,13 @@ CORPUS = [
         files={"calendar.py": "Y = 2\n"},
         stdout="6\n",
     ),
+    Case(
+        "helper_named_by_a_dotted_path",  # "./calendar.py" is staged as calendar.py: it must win warm too
+        "import numpy\nimport calendar, json\nassert calendar.Y == 2 and json.Z == 3\nprint('mine')",
+        "ok",
+        files={"./calendar.py": "Y = 2\n", ".//json.py": "Z = 3\n"},
+        stdout="mine\n",
+    ),
     Case("interpreter_tampering", TAMPER, "program_exit"),
     Case("honest_cpu", HONEST, "ok", stdout="done\n"),
 ]

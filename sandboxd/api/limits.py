@@ -36,12 +36,14 @@ class BodyLimit:
             await _refuse(send, _too_large(length, self.max_bytes))
             return
         seen = 0
-        started = refused = False
+        started = refused = complete = False
 
         async def bounded_receive() -> Message:
-            nonlocal seen, refused
+            nonlocal seen, refused, complete
             if refused:
                 return {"type": "http.disconnect"}
+            if complete:  # the body is whole: what comes now is the client's disconnect, whenever it comes
+                return await receive()
             try:
                 message = await asyncio.wait_for(receive(), self.stall_timeout_s)
             except TimeoutError:
@@ -53,6 +55,7 @@ class BodyLimit:
                 if message["type"] != "http.request":
                     return message
                 seen += len(message.get("body", b""))
+                complete = not message.get("more_body", False)
                 if seen <= self.max_bytes:
                     return message
                 why = _too_large(seen, self.max_bytes)

@@ -263,6 +263,7 @@ class Gateway:
         t0: float,
         queue_deadline: float | None = None,
         answer_by: float | None = None,
+        step_key: str | None = None,
     ) -> Stored:
         """One step, as the bytes the client sent (``doc`` parsed from them): its answer, as the client gets it."""
         runner = doc.get("runner")
@@ -291,13 +292,13 @@ class Gateway:
                 stored = await self.idem.run(
                     f"{tenant}:step:{key}",
                     fp,
-                    lambda: self._run_step(body, runner, session_id, tenant, t0, queue_deadline, answer_by),
+                    lambda: self._run_step(body, runner, session_id, tenant, t0, queue_deadline, answer_by, step_key),
                     keep=kept,
                 )
                 if self.idem.hits != before:
                     self.metrics.replays.inc()
                 return stored
-            return await self._run_step(body, runner, session_id, tenant, t0, queue_deadline, answer_by)
+            return await self._run_step(body, runner, session_id, tenant, t0, queue_deadline, answer_by, step_key)
         except SandboxdError as exc:
             # Counted here when it ended here (a worker counts what it answered).
             label = runner if isinstance(runner, str) and runner in self.kinds else "unknown"
@@ -322,13 +323,15 @@ class Gateway:
         t0: float,
         queue_deadline: float | None,
         answer_by: float | None = None,
+        step_key: str | None = None,
     ) -> Stored:
         if runner not in self.kinds:
             raise UnknownRunner(f"runner {runner!r} is not enabled on this node (enabled: {self.settings.runners})")
         if session_id is not None:
             channel = self._session_worker(session_id)
             try:
-                header, out = answer_of(await channel.call_nowait("step", {"tenant": tenant, "t0": t0}, body))
+                fields = {"tenant": tenant, "t0": t0, "step_key": step_key}
+                header, out = answer_of(await channel.call_nowait("step", fields, body))
             except LinkClosed:
                 place = worker_of(session_id)
                 raise SessionLost(
@@ -397,17 +400,23 @@ class Gateway:
     # ------------------------------------------------------------------ steps, as models
 
     async def step(
-        self, req: StepRequest, tenant: str, queue_deadline: float | None = None, answer_by: float | None = None
+        self,
+        req: StepRequest,
+        tenant: str,
+        queue_deadline: float | None = None,
+        answer_by: float | None = None,
+        step_key: str | None = None,
     ) -> StepResult:
         """Run one step; ``queue_deadline`` (monotonic) replaces ``queue_timeout_s`` for a one-shot's wait;
         ``answer_by`` (monotonic): the caller stops listening then (a surface whose clients time out on their own,
-        /run_code's verl), so a step the node starved is answered as the node's failure before it."""
+        /run_code's verl), so a step the node starved is answered as the node's failure before it; ``step_key``:
+        a session step's name, for ``interrupt_session``."""
         t0 = time.monotonic()
         try:
             body = as_json(req, "the step")
         except SandboxdError as exc:
             return StepResult.model_validate_json(failed_answer(exc, 0.0, req.runner, req.session_id, None)[1])
-        stored = await self.step_raw(body, orjson.loads(body), tenant, t0, queue_deadline, answer_by)
+        stored = await self.step_raw(body, orjson.loads(body), tenant, t0, queue_deadline, answer_by, step_key)
         return StepResult.model_validate_json(stored.body)
 
     async def batch(self, steps: list[StepRequest], tenant: str) -> list[StepResult]:
@@ -491,13 +500,14 @@ class Gateway:
         _, out = await channel.call("deadline", fields)
         return SessionInfo.model_validate_json(out)
 
-    async def interrupt_session(self, session_id: str, tenant: str) -> bool:
-        """Interrupt the step a session runs now, its state kept (a kernel's interrupt); False when none runs. A
-        session of another node is interrupted by that node's front, which its client's request reached."""
+    async def interrupt_session(self, session_id: str, tenant: str, step_key: str) -> bool:
+        """Interrupt the step ``step_key`` names (``step(..., step_key=)``) if the session runs it now, its state
+        kept (a kernel's interrupt); False when it does not (queued, done, another's). A session of another node
+        is interrupted by that node's front, which its client's request reached."""
         if self._remote(session_id):
             return False
         header, _ = await self._session_worker(session_id).call(
-            "interrupt", {"session_id": session_id, "tenant": tenant}
+            "interrupt", {"session_id": session_id, "tenant": tenant, "step_key": step_key}
         )
         return bool(header.get("interrupted"))
 

@@ -342,13 +342,15 @@ class FrontProtocol(HttpToolsProtocol):
                 except ValueError:
                     length = None
         tenant = ""
-        if not front.public(path) or (upgrade and authorization):
+        public = front.public(path)
+        if not public or authorization is not None or e2b:
             # A WebSocket authenticates in its route (its refusal is a close frame there), but one that carries
-            # a key counts for its tenant here, from its handshake to its close.
+            # a key counts for its tenant here, from its handshake to its close; so does a public path's request
+            # that carries one (a client's pings must not hold its address's shared count).
             try:
                 tenant = tenant_of(front.auth, authorization, e2b, path)
             except Unauthorized as exc:
-                if not upgrade:
+                if not upgrade and not public:
                     self._refuse(exc, path=path)
                     return
             else:

@@ -73,15 +73,24 @@ class Starvation:
     """One step's account of its own time: how much more wall time it gets, and whether it ended starved."""
 
     def __init__(
-        self, pid: int, limit_s: float, usage_s: Callable[[], float], cores: float, wall_cap_s: float, fresh: bool
+        self,
+        pid: int,
+        limit_s: float,
+        usage_s: Callable[[], float],
+        cores: float,
+        wall_cap_s: float,
+        fresh: bool,
+        cap_now: Callable[[], float] | None = None,
     ) -> None:
         """``usage_s``: the sandbox group's CPU seconds so far; ``cores``: what it may use (``usable_cores``);
         ``fresh``: a process made for this step (a one-shot's executor), whose threads' waits so far are its
-        set-up's, a few ms at most: counted from 0, which saves reading them on every step."""
+        set-up's, a few ms at most: counted from 0, which saves reading them on every step; ``cap_now``: the wall
+        cap the node's density allows at a check (the cap only grows: the densest moment a step saw counts)."""
         self.pid = pid
         self.limit_s = limit_s
         self.cores = cores
         self.wall_cap_s = max(wall_cap_s, limit_s)
+        self._cap_now = cap_now
         self._usage = usage_s
         self._t0 = time.monotonic()
         self._usage0 = usage_s()
@@ -102,6 +111,8 @@ class Starvation:
         left = self.limit_s - own
         if left < STARVED_MIN_S:
             return 0.0
+        if self._cap_now is not None:
+            self.wall_cap_s = max(self.wall_cap_s, self._cap_now())
         room = self.wall_cap_s - elapsed
         if room < STARVED_MIN_S:
             self.starved = True

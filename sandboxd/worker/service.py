@@ -144,10 +144,11 @@ class Worker:
             rec = self.sessions.get(h["session_id"], h["tenant"])
             rec.ends_in(float(h["timeout_s"]), self.settings.session_ttl_s, self.settings.session_idle_s)
             return {}, orjson.dumps(rec.describe())
-        if op == "interrupt":
+        if op == "interrupt":  # only the step its caller named: never another caller's, queued or running
             rec = self.sessions.get(h["session_id"], h["tenant"])
             run = self.runners.get(rec.runner)
-            hit = rec.busy and run is not None and can_interrupt(run) and await run.interrupt_session(rec.session_id)
+            ours = rec.busy and rec.step_key is not None and rec.step_key == h.get("step_key")
+            hit = ours and run is not None and can_interrupt(run) and await run.interrupt_session(rec.session_id)
             return {"interrupted": hit}, b""
         if op == "status":
             return {}, orjson.dumps({sid: self.sessions.state(sid, h["tenant"]) for sid in h["session_ids"]})
@@ -223,7 +224,7 @@ class Worker:
                 limits, tenant=str(h["tenant"]), answer_by=float(answer_by) if answer_by is not None else None
             )
             if session_id is not None:
-                return await self._session_step(req, action, limits, h["tenant"], t0)
+                return await self._session_step(req, action, limits, h["tenant"], t0, h.get("step_key"))
             deadline = float(h.get("deadline") or t0 + self.settings.queue_timeout_s)
             limits = dataclasses.replace(limits, admit_by=deadline)
             priority = None
@@ -251,10 +252,11 @@ class Worker:
             return self._failed(runner, InfraError(f"internal error: {type(exc).__name__}"), t0, session_id)
 
     async def _session_step(
-        self, req: StepRequest, action: BaseModel, limits: StepLimits, tenant: str, t0: float
+        self, req: StepRequest, action: BaseModel, limits: StepLimits, tenant: str, t0: float, key: str | None
     ) -> tuple[Header, bytes]:
         sid = cast(str, req.session_id)
         rec = self.sessions.claim(sid, tenant)
+        rec.step_key = key
         try:
             if rec.runner != req.runner:
                 raise BadRequest(f"session {sid} is a {rec.runner} session, not {req.runner}")
@@ -267,6 +269,9 @@ class Worker:
         except SandboxdError as exc:
             self.sessions.release(rec, stepped=False)
             return self._failed(req.runner, rec.ended_mid_step or exc, t0, sid)
+        except BaseException:  # a runner's bug (answered as infra by step), or a cancel: the session stays usable
+            self.sessions.release(rec, stepped=False)
+            raise
         self.sessions.release(rec, stepped=True)
         if rec.ended_mid_step is not None:
             return self._failed(req.runner, rec.ended_mid_step, t0, sid, observation=outcome.observation)

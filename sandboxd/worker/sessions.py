@@ -32,6 +32,7 @@ class SessionRecord:
     steps: int = 0
     lost: str | None = None
     busy: bool = False  # a step is running: a second one is a 409, not a queue
+    step_key: str | None = None  # the running step's, as its caller named it: what an interrupt must name
     forking: int = 0  # copies being made: forks may overlap, steps may not
     # Ended during a step by its TTL (the reaper) or by its client (close, close by label): that step says so.
     ended_mid_step: SandboxdError | None = None
@@ -112,6 +113,7 @@ class SessionTable:
 
     def release(self, rec: SessionRecord, stepped: bool) -> None:
         rec.busy = False
+        rec.step_key = None
         rec.last_used = time.monotonic()
         rec.steps += stepped
 

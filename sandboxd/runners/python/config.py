@@ -77,8 +77,9 @@ class PythonRunnerConfig(RunnerConfig):
         "CPU it may use. It ends as the program's timeout when that reaches its limit, and runs at most this many "
         "times its limit on the wall; kept off the CPU past that, it is 503 node_pressure (infra). 0 = one and a "
         "half times the cores a worker's sandboxes may run at once ((slots_per_worker + burst_slots_per_worker) "
-        "x cpu_cores; workers are one per vCPU), at least 2: a program looping on a node full of its own tenant's "
-        "programs is timed out as its own.",
+        "x cpu_cores; workers are one per vCPU), at least 2, or, when more run (session cells are not bounded by "
+        "slots), one and a half times the cores of those running when the limit is reached: a program looping on "
+        "a node full of its own tenant's programs is timed out as its own.",
     )
     tmpfs_mb: int = Field(
         64, ge=1, description="Size of the private writable /tmp (the workdir) of each execution or session."

@@ -14,6 +14,7 @@ import base64
 import contextlib
 import logging
 import os
+import posixpath
 import re
 import secrets
 import signal
@@ -156,7 +157,8 @@ def module_tops(paths: Iterable[str]) -> set[str]:
     """The top-level module names files at ``paths`` (relative to the working directory) could be imported
     as; a name too many only costs a step its template (jailside/zygote.py's ``_tops`` is the same rule)."""
     out = set()
-    for path in paths:
+    for given in paths:
+        path = posixpath.normpath(given)  # "./calendar.py" and "x/../calendar.py" are staged as calendar.py
         first = path.split("/", 1)[0]
         if "/" in path:
             out.add(first)
@@ -240,6 +242,7 @@ class PythonRunner:
         self._fork_refusal = fork.host_refusal()
         self._cores = usable_cores(cfg.cpu_cores)
         self._wall_factor = cfg.resolved_wall_factor()
+        self._running = 0  # steps this runner runs now (one-shots and session cells): the worker's density
 
     def capacity(self) -> int:
         return self.cfg.slots_per_worker
@@ -574,13 +577,34 @@ class PythonRunner:
         cap, kill_at = header["max_output_bytes"], self.cfg.output_kill_bytes
         timeout_s = limits.timeout_s
 
-        def account() -> Starvation:
-            wall_cap_s = timeout_s * self._wall_factor
-            if limits.answer_by is not None:  # never past the caller's own patience: the node's failure before it
-                wall_cap_s = min(wall_cap_s, limits.answer_by - time.monotonic())
-            return Starvation(executor.host_pid, timeout_s, cg.cpu_usage_s, self._cores, wall_cap_s, not session)
+        patience = float("inf")  # wall seconds from the step's start until its caller stops listening
 
-        return await run_step(executor, header, body, timeout_s, cap, kill_at, session, grace, account)
+        def dense_cap() -> float:
+            # The wall cap allows for the density this worker runs at: session cells are not bounded by slots (a
+            # tenant's 30 looping sessions on 2 vCPUs each get a fifteenth of a core, and are still its own
+            # timeouts); the slots' factor is the floor (a neighbour outside the node is not the node's density).
+            return min(timeout_s * 1.5 * self._running * self.cfg.cpu_cores, patience)
+
+        def account() -> Starvation:
+            nonlocal patience
+            if limits.answer_by is not None:  # never past the caller's own patience: the node's failure before it
+                patience = limits.answer_by - time.monotonic()
+            wall_cap_s = min(timeout_s * self._wall_factor, patience)
+            return Starvation(
+                executor.host_pid,
+                timeout_s,
+                cg.cpu_usage_s,
+                self._cores,
+                wall_cap_s,
+                not session,
+                None if self.cfg.wall_factor else dense_cap,
+            )
+
+        self._running += 1
+        try:
+            return await run_step(executor, header, body, timeout_s, cap, kill_at, session, grace, account)
+        finally:
+            self._running -= 1
 
     async def _run_in(
         self, jail: Jail, cg: CgroupGroup, executor: Executor, header: dict[str, Any], body: bytes, limits: StepLimits

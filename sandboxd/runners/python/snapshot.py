@@ -45,7 +45,7 @@ class Snapshot:
 
 def _openat2(dirfd: int, path: str, flags: int) -> int:
     how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-    fd = _libc.syscall(SYS_OPENAT2, dirfd, path.encode(), how, len(how))
+    fd = _libc.syscall(SYS_OPENAT2, dirfd, os.fsencode(path), how, len(how))
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
@@ -124,6 +124,12 @@ class _Walk:
 
     def _visit(self, path: str) -> bool:
         """Copy ``path`` if it is a regular file that fits; True when it is a directory to enter."""
+        try:
+            path.encode()
+        except UnicodeEncodeError:  # a name that is not UTF-8 cannot be a key of the JSON answer: said, not sent
+            shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            self.skip(shown[:200], "a name that is not UTF-8")
+            return False
         if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
             self.skip(path[:200] + "...", f"a path longer than {MAX_PATH_BYTES} bytes")
             return False

@@ -769,9 +769,10 @@ def _env_site(req: dict[str, Any]) -> str | None:
 def _tops(req: dict[str, Any]) -> set[str]:
     """The top-level module names the step's files could be imported as (a name too many only costs a purge)."""
     out = set()
-    for rel, *_ in req.get("files", []):
-        first = str(rel).split("/", 1)[0]
-        if "/" in str(rel):
+    for given, *_ in req.get("files", []):
+        rel = os.path.normpath(str(given))  # as staged: "./calendar.py" is calendar.py
+        first = rel.split("/", 1)[0]
+        if "/" in rel:
             out.add(first)
         elif first.endswith(_MODULE_SUFFIXES):
             out.add(first.split(".", 1)[0])
