@@ -22,6 +22,7 @@ from e2b import (
 from e2b import Sandbox as BaseSandbox
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 from e2b_code_interpreter import TimeoutException as CodeTimeout
+from e2b_code_interpreter.charts import BarChart, BoxAndWhiskerChart, LineChart, PieChart, SuperChart
 
 from tests.conftest import running_node
 
@@ -68,6 +69,74 @@ def test_code_runs_with_state_rich_results_and_errors() -> None:
         per_call = sbx.run_code("print(1)", envs={"ONLY_HERE": "1"})
         assert per_call.logs.stdout == ["1\n"]
         assert sbx.run_code("import os; 'ONLY_HERE' in os.environ").text == "False"
+    finally:
+        sbx.kill()
+
+
+def test_display_and_images_are_shown_as_a_kernel_shows_them() -> None:
+    """IPython's ``display`` (imported, or a kernel's name without import), raw MIME bundles, PIL's ``show`` and
+    ``save``, a figure passed to display: each a result of the cell, in order, the last expression last."""
+    sbx = Sandbox.create()
+    try:
+        code = (
+            "from IPython.display import display, HTML, Markdown\n"
+            "display(HTML('<i>a</i>'))\n"
+            "display({'text/latex': r'\\alpha'}, raw=True)\n"
+            "import numpy\nfrom PIL import Image\n"
+            "image = Image.fromarray((numpy.ones((4, 4, 3)) * 200).astype('uint8'))\n"
+            "image.show()\nimage.save('pixel.png')\n"
+            "import matplotlib.pyplot as plt\nfig = plt.figure(); plt.plot([1, 2]); display(fig); plt.close(fig)\n"
+            "Markdown('**m**')"
+        )
+        shown = sbx.run_code(code)
+        assert shown.error is None, shown.error
+        formats = [list(r.formats()) for r in shown.results]
+        assert formats[:2] == [["text", "html"], ["latex"]], formats
+        assert all("png" in f for f in formats[2:4]), formats  # show(), save()
+        assert "png" in formats[4] and formats[5] == ["text", "markdown"], formats
+        assert [r.is_main_result for r in shown.results] == [False] * 5 + [True]
+        assert base64.b64decode(shown.results[2].png or "").startswith(PNG_MAGIC)
+        assert sbx.run_code("display('plain')").results[0].text == "plain"  # no import: a kernel's name
+        assert sbx.files.exists("pixel.png")
+    finally:
+        sbx.kill()
+
+
+CHARTS = """
+import matplotlib.pyplot as plt
+fig, axs = plt.subplots(2, 2)
+fig.suptitle('Four')
+axs[0][0].bar(['A', 'B'], [3, 5], label='sold')
+axs[0][0].set_title('Bars')
+axs[0][0].set_xlabel('Author')
+axs[0][0].set_ylabel('Books (k)')
+axs[0][1].boxplot([[85, 90, 78, 92, 88], [95, 89, 76, 91, 84, 87]], tick_labels=['A', 'B'])
+axs[1][0].pie([90, 10], labels=['No', 'Yes'])
+axs[1][1].plot([1, 2, 3], ['x', 'y', 'x'], label='walk')
+plt.show()
+"""
+
+
+def test_charts_are_extracted_as_e2bs_kernel_extracts_them() -> None:
+    """E2B's ``Result.chart``: what a matplotlib figure shows, as data, in the SDK's own chart types."""
+    sbx = Sandbox.create()
+    try:
+        shown = sbx.run_code(CHARTS)
+        assert shown.error is None, shown.error
+        chart = shown.results[0].chart
+        assert isinstance(chart, SuperChart) and chart.title == "Four", chart
+        bars, boxes, pie, line = chart.elements
+        assert isinstance(bars, BarChart) and (bars.title, bars.x_label, bars.y_unit) == ("Bars", "Author", "k")
+        assert [(b.label, b.value, b.group) for b in bars.elements] == [("A", 3, "sold"), ("B", 5, "sold")]
+        assert isinstance(boxes, BoxAndWhiskerChart)
+        stats = [
+            (b.label, b.min, b.first_quartile, b.median, b.third_quartile, b.max, b.outliers) for b in boxes.elements
+        ]
+        assert stats == [("A", 78, 85, 88, 90, 92, []), ("B", 84, 84.75, 88, 90.5, 95, [76])], stats
+        assert isinstance(pie, PieChart) and [(p.label, p.angle) for p in pie.elements] == [("No", 324), ("Yes", 36)]
+        assert isinstance(line, LineChart) and line.y_scale == "categorical"
+        assert line.elements[0].label == "walk" and line.elements[0].points == [(1.0, "x"), (2.0, "y"), (3.0, "x")]
+        assert base64.b64decode(shown.results[0].png or "").startswith(PNG_MAGIC)
     finally:
         sbx.kill()
 

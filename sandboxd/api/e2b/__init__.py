@@ -23,6 +23,7 @@ import base64
 import contextlib
 import datetime
 import hashlib
+import secrets
 import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -425,13 +426,15 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         session_id = await context_of(tenant, sandbox_id, req.context_id)
         cell, marker = execution_cell(req.code, req.env_vars or {})
         # After whatever runs there now (a command's output being read): a kernel queues executions too.
-        stepping = asyncio.ensure_future(calls.step(tenant, session_id, {"code": cell}, gateway.settings.max_timeout_s))
+        key = secrets.token_hex(16)  # this cell's name: an interrupt reaches it, never another caller's
+        limit = gateway.settings.max_timeout_s
+        stepping = asyncio.ensure_future(calls.step(tenant, session_id, {"code": cell}, limit, key))
         gone = asyncio.ensure_future(disconnected(request))
         try:
             await asyncio.wait({stepping, gone}, return_when=asyncio.FIRST_COMPLETED)
             while not stepping.done():  # nobody reads the answer now; the cell may still be queued behind another
                 with contextlib.suppress(SandboxdError):
-                    await gateway.interrupt_session(session_id, tenant)
+                    await gateway.interrupt_session(session_id, tenant, key)
                 await asyncio.wait({stepping}, timeout=INTERRUPT_AGAIN_S)
             result = stepping.result()
         finally:

@@ -15,13 +15,121 @@ from __future__ import annotations
 
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
 
-DRIVER = r"""
+DRIVER_TEXT = r"""
 import ast as _ast, base64 as _b64, io as _io, json as _json, linecache as _lc, os as _os, sys as _sys
 import textwrap as _tw, traceback as _tb
+
+_shown = None  # the running cell's results: where display() puts what it shows (None between cells)
+_MIME = {"text/plain": "text", "text/html": "html", "text/markdown": "markdown", "image/svg+xml": "svg",
+         "image/png": "png", "image/jpeg": "jpeg", "application/pdf": "pdf", "text/latex": "latex",
+         "application/json": "json", "application/javascript": "javascript"}
+
+
+def _from_mime(bundle):
+    data = {}
+    for mime, value in bundle.items():
+        key = _MIME.get(mime)
+        if key is None:
+            continue
+        if isinstance(value, bytes):
+            value = _b64.b64encode(value).decode()
+        data[key] = value
+    return data
+
+
+def _drawn(fig):
+    # A figure as E2B's kernel shows it: its PNG, and the chart it draws (read once drawn) where one is found.
+    buf = _io.BytesIO()
+    fig.savefig(buf, format="png")
+    shown = {"text": repr(fig), "png": _b64.b64encode(buf.getvalue()).decode()}
+    try:
+        chart = chart_of(fig)
+    except Exception:  # a chart is extra: the figure is shown whatever this finds
+        chart = None
+    if chart is not None:
+        shown["chart"] = chart
+    return shown
+
+
+def _figure(value):
+    figure = _sys.modules.get("matplotlib.figure")
+    return _drawn(value) if figure is not None and isinstance(value, figure.Figure) else None
+
+
+def display(*objs, raw=False, include=None, exclude=None, **kwargs):
+    # IPython's display(), as a kernel's: each object's richest representations become a result of the cell
+    # (not its main one); outside a cell, its text is printed, as IPython does without a kernel.
+    for obj in objs:
+        data = _from_mime(obj) if raw and isinstance(obj, dict) else _repr_bundle(obj)
+        if include is not None:
+            data = {k: v for k, v in data.items() if k in include or k == "text"}
+        if exclude is not None:
+            data = {k: v for k, v in data.items() if k not in exclude}
+        if _shown is None:
+            print(data.get("text", ""))
+        else:
+            _shown.append({**data, "is_main_result": False})
+
+
+def _patch_ipython(module):
+    module.display = display
+
+
+def _patch_pil(module):
+    # E2B's kernel shows a PIL image on show() and on save(); a save made by matplotlib is not the program's.
+    cls = module.Image
+    if getattr(cls, "_sandboxd_shown", False):
+        return
+    save = cls.save
+
+    def shown_save(self, fp, format=None, **params):
+        save(self, fp, format, **params)
+        if not _sys._getframe(1).f_globals.get("__name__", "").startswith(("matplotlib", "PIL")):
+            display(self)
+
+    cls.show = lambda self, title=None, **options: display(self)
+    cls.save = shown_save
+    cls._sandboxd_shown = True
+
+
+_PATCHES = {
+    "IPython.core.display_functions": _patch_ipython,
+    "PIL.Image": _patch_pil,
+    "matplotlib.axes": record_boxplots,
+}
+
+
+class _Patcher:
+    # Patches a module of _PATCHES right after it is first imported (the program imports it in a cell).
+    def find_spec(self, name, path=None, target=None):
+        patch = _PATCHES.get(name)
+        if patch is None:
+            return None
+        for finder in _sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                run = spec.loader.exec_module
+
+                def exec_module(module, run=run, patch=patch):
+                    run(module)
+                    patch(module)
+
+                spec.loader.exec_module = exec_module
+                return spec
+        return None
+
+
+for _name, _patch in _PATCHES.items():
+    if _name in _sys.modules:
+        _patch(_sys.modules[_name])
+_sys.meta_path.insert(0, _Patcher())
 
 
 def _repr_bundle(value):
@@ -40,6 +148,16 @@ def _repr_bundle(value):
             columns = _json.loads(value.to_json(orient="columns", date_format="iso"))
             data["data"] = {k: list(v.values()) for k, v in columns.items()}
         except (TypeError, ValueError):
+            pass
+    drawn = _figure(value)
+    if drawn is not None:
+        data.update(drawn)
+    bundle = getattr(value, "_repr_mimebundle_", None)
+    if callable(bundle):
+        try:
+            got = bundle()
+            data.update(_from_mime(got[0] if isinstance(got, tuple) else got))
+        except Exception:
             pass
     for attr, key in (("_repr_html_", "html"), ("_repr_markdown_", "markdown"), ("_repr_svg_", "svg"),
                       ("_repr_latex_", "latex"), ("_repr_json_", "json"), ("_repr_javascript_", "javascript"),
@@ -75,10 +193,7 @@ def _figures():
         return []
     shown = []
     for num in plt.get_fignums():
-        fig = plt.figure(num)
-        buf = _io.BytesIO()
-        fig.savefig(buf, format="png")
-        shown.append({"text": repr(fig), "png": _b64.b64encode(buf.getvalue()).decode(), "is_main_result": False})
+        shown.append({**_drawn(plt.figure(num)), "is_main_result": False})
     plt.close("all")
     return shown
 
@@ -102,9 +217,11 @@ def restart(user, home, marker):
 
 
 def run(code, envs, marker, user):
-    global executions
+    global executions, _shown
     executions = globals().get("executions", 0) + 1
     events = {"results": [], "error": None, "execution_count": executions}
+    _shown = events["results"]
+    user.setdefault("display", display)  # a kernel's user namespace has it without an import
     saved = {k: _os.environ.get(k) for k in envs}
     name = "<cell %d>" % executions  # kept in linecache: tracebacks show the source, later ones too
     code = _shell_lines(_tw.dedent(code))  # as IPython: indented cells run, "!cmd" lines are shell commands
@@ -122,12 +239,17 @@ def run(code, envs, marker, user):
             user["_"] = value
             events["results"].append({**_repr_bundle(value), "is_main_result": True})
     except BaseException as exc:  # KeyboardInterrupt (an interrupt) and SystemExit too, as a kernel reports them
+        try:
+            events["results"].extend(_figures())  # what the cell drew before it failed is shown, as a kernel does
+        except Exception:
+            pass
         tb = exc.__traceback__
         while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell "):
             tb = tb.tb_next
         events["error"] = {"name": type(exc).__name__, "value": str(exc),
                            "traceback": "".join(_tb.format_exception(type(exc), exc, tb))}
     finally:
+        _shown = None
         for k, v in saved.items():
             if v is None:
                 _os.environ.pop(k, None)
@@ -142,6 +264,8 @@ def run(code, envs, marker, user):
     while out:
         out = out[_os.write(1, out):]
 """
+# The driver as the sandbox builds it: the chart extraction (a real module here, linted and typed) first.
+DRIVER = Path(__file__).with_name("charts.py").read_text() + DRIVER_TEXT
 
 
 def module_cell(module: str, source: str, call: str) -> str:

@@ -104,13 +104,16 @@ class SandboxCalls:
                 raise UnknownSession(f"sandbox {sandbox_id!r} not found", session_id=sandbox_id)
         return tenant, sandbox_id
 
-    async def step(self, tenant: str, sandbox_id: str, action: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """One step in the sandbox, after whatever runs there now (409 ``session_busy`` is waited out)."""
+    async def step(
+        self, tenant: str, sandbox_id: str, action: dict[str, Any], timeout_s: float, key: str | None = None
+    ) -> dict[str, Any]:
+        """One step in the sandbox, after whatever runs there now (409 ``session_busy`` is waited out); ``key``
+        names it for ``Gateway.interrupt_session``."""
         deadline = time.monotonic() + BUSY_WAIT_S
         pause = 0.005
         while True:
             req = StepRequest(runner="python", action=action, session_id=sandbox_id, timeout_s=timeout_s)
-            result = await self.gateway.step(req, tenant)
+            result = await self.gateway.step(req, tenant, step_key=key)
             refused = result.not_the_programs()
             if isinstance(refused, SessionBusy) and time.monotonic() < deadline:
                 await asyncio.sleep(pause)

@@ -304,7 +304,12 @@ def call(name, kwargs, marker):
         answer = {"err": ["permission", "permission denied: " + shown(exc.filename or "")]}
     except (NotADirectoryError, IsADirectoryError, OSError, ValueError) as exc:
         answer = {"err": ["invalid", str(exc)]}
-    out = ("\n" + marker + _json.dumps(answer) + "\n").encode()
+    text = _json.dumps(answer, ensure_ascii=False)
+    try:  # a name that is not UTF-8 (its bytes as surrogates) as envd's JSON shows it: U+FFFD, the rest kept
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    out = ("\n" + marker + text + "\n").encode()
     while out:
         out = out[_os.write(1, out):]
 """
