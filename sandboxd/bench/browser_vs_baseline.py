@@ -1,6 +1,7 @@
 """B4 on sandboxd (jailed Chromium) vs a replica of the public suite's B4 worker, one run, same trajectories.
 
-    .venv/bin/python -m sandboxd.bench.browser_vs_baseline [--concurrency 1,4,8,16] [--duration 20] [--neighbour N]
+    .venv/bin/python -m sandboxd.bench.browser_vs_baseline [--concurrency 1,4,8,16] [--duration 20]
+        [--neighbour N] [--pod]
 
 Starts, on loopback: a sandboxd node with the browser runner only (its
 defaults: browsers per node from vCPUs and memory, ``slots_per_worker``
@@ -35,6 +36,7 @@ from sandboxd.bench.resources import cpu_times
 from sandboxd.bench.stats import percentile
 from sandboxd.localnode import free_port, local_node, wait_ready
 from sandboxd.runners.browser.sites import BUNDLED
+from sandboxd.runners.cgroups import CgroupRoot
 
 
 @contextlib.contextmanager
@@ -123,6 +125,17 @@ def measure(label: str, workload: str, target: str, c: int, args: argparse.Names
 ROWS: list[tuple[str, int, float, float]] = []
 
 
+@contextlib.contextmanager
+def pod_group() -> Iterator[tuple[str, ...]]:
+    """A cgroup of the node's own, as its pod or systemd unit gives it (weight 100): its ``cgroup.procs`` files.
+    Removed, with anything left in it, at the end."""
+    root = CgroupRoot(f"bench-pod-{os.getpid()}")
+    try:
+        yield tuple(str(d / "cgroup.procs") for d in root.group.dirs.values())
+    finally:
+        root.group.remove()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", default="1,4,8,16")
@@ -141,12 +154,20 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="CPU-burning processes beside both, for the whole run (another tenant's load on a shared machine)",
     )
+    ap.add_argument(
+        "--pod",
+        action="store_true",
+        help="the node in a cgroup of its own, as a pod or a systemd unit places it (default: the bench's own, "
+        "beside the neighbour and the suite's workers)",
+    )
     args = ap.parse_args(argv)
     ncpu = len(os.sched_getaffinity(0))
     with contextlib.ExitStack() as stack:
         if args.neighbour:
             stack.enter_context(burners(args.neighbour))
-        node = stack.enter_context(local_node({"SANDBOXD_RUNNERS": '["browser"]', **json.loads(args.node_env)}))
+        cgroup = stack.enter_context(pod_group()) if args.pod else ()
+        settings = {"SANDBOXD_RUNNERS": '["browser"]', **json.loads(args.node_env)}
+        node = stack.enter_context(local_node(settings, cgroup=cgroup))
         wait_ready(node)
         site = stack.enter_context(static_site(BUNDLED["shop"]))
         workers = stack.enter_context(suite_workers(max(1, ncpu // 2), args.suite_chromium))
