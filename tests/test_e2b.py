@@ -141,6 +141,41 @@ def test_charts_are_extracted_as_e2bs_kernel_extracts_them() -> None:
         sbx.kill()
 
 
+def test_javascript_and_bash_contexts_keep_their_state() -> None:
+    """JavaScript (node, as a notebook's kernel: declarations persist, top-level await, ES module imports) and
+    bash, each a process the sandbox keeps across cells; the sandbox's envs, per-cell envs, its home."""
+    sbx = Sandbox.create(envs={"GREETING": "hi"})
+    try:
+        assert sbx.run_code("let n = 41; console.log('js')", language="js").logs.stdout == ["js\n"]
+        assert sbx.run_code("n + 1", language="javascript").text == "42"
+        imported = sbx.run_code("import { readFileSync } from 'fs'\ntypeof readFileSync", language="js")
+        assert imported.text == "function", imported
+        assert sbx.run_code("await Promise.resolve(process.cwd())", language="js").text == "/home/user"
+        assert sbx.run_code("process.env.GREETING", language="js").text == "hi"
+        assert sbx.run_code("process.env.ONCE", language="js", envs={"ONCE": "1"}).text == "1"
+        assert sbx.run_code("process.env.ONCE || 'gone'", language="js").text == "gone"
+        failed = sbx.run_code("null.x", language="js")
+        assert failed.error is not None and failed.error.name == "TypeError", failed
+        assert sbx.run_code("n", language="js").text == "41"  # an error does not restart it
+        bash = sbx.run_code("mkdir -p data && cd data && X=7 && pwd", language="bash")
+        assert bash.logs.stdout == ["/home/user/data\n"], bash
+        assert sbx.run_code("echo $X $FOO", language="bash", envs={"FOO": "bar"}).logs.stdout == ["7 bar\n"]
+        assert sbx.run_code("echo ${FOO:-unset} $GREETING", language="bash").logs.stdout == ["unset hi\n"]
+        ctx = sbx.create_code_context(language="js")
+        assert ctx.language == "javascript" and sbx.run_code("typeof n", context=ctx).text == "undefined"
+        listed = sbx.list_code_contexts()
+        assert {"python", "javascript", "bash"} <= {c.language for c in listed}, listed
+        own_js = next(c for c in listed if c.language == "javascript" and c.id != ctx.id)
+        sbx.run_code("py_state = 1")
+        sbx.restart_code_context(own_js)  # the sandbox's JavaScript kernel only
+        assert sbx.run_code("typeof n", language="js").text == "undefined"
+        assert sbx.run_code("py_state").text == "1"
+        with pytest.raises(Exception, match="not served"):
+            sbx.run_code("print(1)", language="r")
+    finally:
+        sbx.kill()
+
+
 def test_contexts_are_separate_interpreters_of_one_sandbox() -> None:
     sbx = Sandbox.create()
     try:
@@ -150,7 +185,7 @@ def test_contexts_are_separate_interpreters_of_one_sandbox() -> None:
         missing = sbx.run_code("y")
         assert missing.error is not None and missing.error.name == "NameError"
         assert {c.id for c in sbx.list_code_contexts()} >= {ctx.id}
-        with pytest.raises(SandboxException, match="python only"):
+        with pytest.raises(SandboxException, match="not served here"):
             sbx.run_code("1", language="r")
     finally:
         sbx.kill()

@@ -37,7 +37,8 @@ from starlette.routing import Route
 from sandboxd.api.auth import Auth
 from sandboxd.api.e2b.cells import execution_cell, ndjson, restart_cell, split_answer
 from sandboxd.api.e2b.envd import CALL_TIMEOUT_S, MALFORMED, READ_CHUNK, Refused, SandboxCalls, connect_apps
-from sandboxd.api.e2b.labels import OWN_PREFIX, PARENT_LABEL, TEMPLATE_LABEL
+from sandboxd.api.e2b.kernels import language_of
+from sandboxd.api.e2b.labels import LANGUAGE_LABEL, OWN_PREFIX, PARENT_LABEL, TEMPLATE_LABEL
 from sandboxd.api.e2b.paths import CONTROL_HEADS
 from sandboxd.api.surface import json_response, retry_headers, surface_router
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
@@ -402,19 +403,26 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     # ------------------------------------------------------------------ data plane
 
-    async def context_of(tenant: str, sandbox_id: str, context_id: str | None) -> str:
-        """The session a code context is: the sandbox's own (default), or one made by ``POST /contexts``."""
-        if not context_id or context_id == sandbox_id:
+    async def context_of(tenant: str, sandbox_id: str, context_id: str | None) -> tuple[str, str]:
+        """The session a code context is, and its language: the sandbox's own (its default python context, and
+        ``<sandbox>+javascript`` / ``+bash``: its kernels of those languages), or one made by ``POST /contexts``."""
+        base, plus, language = (context_id or "").partition("+")
+        if not context_id or base == sandbox_id:
             await sandbox_info(tenant, sandbox_id)
-            return sandbox_id
+            return sandbox_id, language_named(language) if plus else "python"
         info = await gateway.session_info(context_id, tenant)
         if info.labels.get(PARENT_LABEL) != sandbox_id:
             raise UnknownSession(f"context {context_id!r} is not one of this sandbox's", session_id=context_id)
-        return context_id
+        return context_id, info.labels.get(LANGUAGE_LABEL, "python")
 
-    def python_only(language: str | None) -> None:
-        if language not in (None, "", "python", "python3"):
-            raise BadRequest(f"language {language!r}: this node's code contexts run python only")
+    def language_named(language: str | None) -> str:
+        """A cell's language, as this node's kernels are named; 422 for one not served."""
+        try:
+            return language_of(language) or "python"
+        except KeyError:
+            raise BadRequest(
+                f"language {language!r} is not served here: python, javascript (js) and bash contexts are"
+            ) from None
 
     @data.post("/execute")
     async def execute(req: Execute, caller: Sandbox, request: Request) -> Response:
@@ -422,9 +430,9 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         client that stops waiting (the SDK's ``timeout``, a closed connection) interrupts the cell, as E2B's
         kernel does: the next ``run_code`` does not queue behind it, and the context keeps its state."""
         tenant, sandbox_id = caller
-        python_only(req.language)
-        session_id = await context_of(tenant, sandbox_id, req.context_id)
-        cell, marker = execution_cell(req.code, req.env_vars or {})
+        session_id, own = await context_of(tenant, sandbox_id, req.context_id)
+        language = language_named(req.language) if req.language else own
+        cell, marker = execution_cell(req.code, req.env_vars or {}, None if language == "python" else language)
         # After whatever runs there now (a command's output being read): a kernel queues executions too.
         key = secrets.token_hex(16)  # this cell's name: an interrupt reaches it, never another caller's
         limit = gateway.settings.max_timeout_s
@@ -446,18 +454,22 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     async def new_context(req: NewContext, caller: Sandbox) -> Response:
         """Another interpreter in the sandbox (a python session labelled with it, ending with it)."""
         tenant, sandbox_id = caller
-        python_only(req.language)
+        language = language_named(req.language)
         if req.cwd not in (None, "", "/tmp", HOME):
             raise BadRequest(f"cwd {req.cwd!r}: a context here starts in its own home ({HOME})")
         parent = await sandbox_info(tenant, sandbox_id)
         create = SessionCreate(
             runner="python",
             ttl_s=max(parent.expires_in_s, 1.0),
-            labels={PARENT_LABEL: sandbox_id, **_metadata(parent.labels)},
+            labels={
+                PARENT_LABEL: sandbox_id,
+                **({} if language == "python" else {LANGUAGE_LABEL: language}),
+                **_metadata(parent.labels),
+            },
         )
         info = await gateway.create_session(create, tenant)
         await settle(info.session_id, tenant, {})
-        return json_response({"id": info.session_id, "language": "python", "cwd": HOME})
+        return json_response({"id": info.session_id, "language": language, "cwd": HOME})
 
     @data.get("/contexts")
     async def list_contexts(caller: Sandbox) -> Response:
@@ -465,14 +477,18 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         await sandbox_info(tenant, sandbox_id)
         extra = await gateway.select_sessions(tenant, {PARENT_LABEL: sandbox_id}, "list")
         contexts = [{"id": sandbox_id, "language": "python", "cwd": HOME}]
-        contexts += [{"id": s["session_id"], "language": "python", "cwd": HOME} for s in extra["sessions"]]
+        contexts += [{"id": f"{sandbox_id}+{name}", "language": name, "cwd": HOME} for name in ("javascript", "bash")]
+        contexts += [
+            {"id": s["session_id"], "language": s["labels"].get(LANGUAGE_LABEL, "python"), "cwd": HOME}
+            for s in extra["sessions"]
+        ]
         return json_response(contexts)
 
     @data.delete("/contexts/{context_id}", status_code=204)
     async def remove_context(context_id: str, caller: Sandbox) -> Response:
         tenant, sandbox_id = caller
-        if context_id == sandbox_id:
-            raise BadRequest("the default context ends with its sandbox")
+        if context_id.partition("+")[0] == sandbox_id:
+            raise BadRequest("the sandbox's default contexts end with it")
         await context_of(tenant, sandbox_id, context_id)
         await gateway.close_session(context_id, tenant)
         return Response(status_code=204)
@@ -480,8 +496,9 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     @data.post("/contexts/{context_id}/restart")
     async def restart_context(context_id: str, caller: Sandbox) -> Response:
         tenant, sandbox_id = caller
-        session_id = await context_of(tenant, sandbox_id, context_id)
-        cell, marker = restart_cell(HOME)
+        session_id, language = await context_of(tenant, sandbox_id, context_id)
+        own_kernel = language != "python" and (session_id == sandbox_id)  # the sandbox's default kernel only
+        cell, marker = restart_cell(HOME, language if own_kernel else None)
         result = await calls.step(tenant, session_id, {"code": cell}, CALL_TIMEOUT_S)
         if split_answer(str((result.get("observation") or {}).get("stdout") or ""), marker)[1] is None:
             error = result.get("error") or {}

@@ -198,11 +198,18 @@ def _figures():
     return shown
 
 
-def restart(user, home, marker):
+def restart(user, home, marker, language=None):
     # A kernel's restart as this interpreter can make it: the context's variables gone, the count from 1, its
     # figures closed, back in its home. Modules stay imported (a fresh kernel imports them again, the same).
     global executions
+    if language is not None:  # another language's context: its kernel only
+        end_kernels(language)
+        out = ("\n" + marker + "{}\n").encode()
+        while out:
+            out = out[_os.write(1, out):]
+        return
     executions = 0
+    end_kernels()
     keep = ("__name__", "__doc__", "__builtins__", "__spec__", "__loader__", "__package__")
     kept = {k: user[k] for k in keep if k in user}
     user.clear()
@@ -216,10 +223,21 @@ def restart(user, home, marker):
         out = out[_os.write(1, out):]
 
 
-def run(code, envs, marker, user):
+def run(code, envs, marker, user, language=None):
     global executions, _shown
     executions = globals().get("executions", 0) + 1
     events = {"results": [], "error": None, "execution_count": executions}
+    kernel = language_of(language)
+    if kernel is not None:  # another language's kernel: its output went to ours as it came
+        answer = run_in_kernel(kernel, _tw.dedent(code), envs)
+        if answer.get("error"):
+            events["error"] = answer["error"]
+        elif answer.get("text") is not None:
+            events["results"].append({"text": answer["text"], "is_main_result": True})
+        out = ("\n" + marker + _json.dumps(events) + "\n").encode()
+        while out:
+            out = out[_os.write(1, out):]
+        return
     _shown = events["results"]
     user.setdefault("display", display)  # a kernel's user namespace has it without an import
     saved = {k: _os.environ.get(k) for k in envs}
@@ -264,8 +282,15 @@ def run(code, envs, marker, user):
     while out:
         out = out[_os.write(1, out):]
 """
-# The driver as the sandbox builds it: the chart extraction (a real module here, linted and typed) first.
-DRIVER = Path(__file__).with_name("charts.py").read_text() + DRIVER_TEXT
+# The driver as the sandbox builds it: the chart extraction and the other languages' kernels (real modules
+# here, linted and typed) first.
+HERE = Path(__file__).parent
+DRIVER = (
+    (HERE / "charts.py").read_text()
+    + (HERE / "kernels.py").read_text()
+    + f"_JS_KERNEL = {(HERE / 'kernel.js').read_text()!r}\n"
+    + DRIVER_TEXT
+)
 
 
 def module_cell(module: str, source: str, call: str) -> str:
@@ -284,16 +309,18 @@ def new_marker() -> str:
     return f"\x1esandboxd-e2b-{secrets.token_hex(16)}\x1e"
 
 
-def restart_cell(home: str) -> tuple[str, str]:
-    """The session cell for a context's restart, and the marker its answer follows."""
+def restart_cell(home: str, language: str | None = None) -> tuple[str, str]:
+    """The session cell for a context's restart (``language``: only that kernel's), and its answer's marker."""
     marker = new_marker()
-    return module_cell("_sandboxd_e2b", DRIVER, f"restart(globals(), {home!r}, {marker!r})"), marker
+    return module_cell("_sandboxd_e2b", DRIVER, f"restart(globals(), {home!r}, {marker!r}, {language!r})"), marker
 
 
-def execution_cell(code: str, envs: dict[str, str]) -> tuple[str, str]:
-    """The session cell for one ``/execute``, and the marker its answer follows."""
+def execution_cell(code: str, envs: dict[str, str], language: str | None = None) -> tuple[str, str]:
+    """The session cell for one ``/execute`` (``language``: a kernel's, ``KERNEL_LANGUAGES``; None: python),
+    and the marker its answer follows."""
     marker = new_marker()
-    return module_cell("_sandboxd_e2b", DRIVER, f"run({code!r}, {envs!r}, {marker!r}, globals())"), marker
+    call = f"run({code!r}, {envs!r}, {marker!r}, globals(), {language!r})"
+    return module_cell("_sandboxd_e2b", DRIVER, call), marker
 
 
 def split_answer(stdout: str, marker: str) -> tuple[str, str | None]:

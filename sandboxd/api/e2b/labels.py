@@ -6,3 +6,4 @@ from __future__ import annotations
 OWN_PREFIX = "sandboxd.e2b/"
 TEMPLATE_LABEL = OWN_PREFIX + "template"  # every sandbox carries it: what makes a session a sandbox
 PARENT_LABEL = OWN_PREFIX + "sandbox"  # an extra code context: the sandbox it belongs to
+LANGUAGE_LABEL = OWN_PREFIX + "language"  # an extra code context's language, when not python

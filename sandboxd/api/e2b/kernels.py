@@ -1,0 +1,155 @@
+"""Code contexts in other languages, run inside an E2B sandbox: a JavaScript or bash process per language,
+kept by the sandbox's python interpreter (the code interpreter's driver) across cells, as a notebook's
+kernel keeps its state.
+
+This file's source is part of the in-sandbox driver (``cells.py`` appends it, with ``kernel.js`` as
+``_JS_KERNEL``), so it imports only the standard library. A cell is sent to its kernel; what it prints is
+read from the kernel's stdout and stderr up to the cell's marker and written to the cell's own, so the
+session step carries it as any python cell's output; the cell's answer (a value's text, or an error) comes
+back on a pipe of its own. A kernel that dies, or a cell interrupted (the client left, the step's limit), ends
+that kernel: the next cell starts a fresh one, as a kernel restart would.
+"""
+
+import contextlib as _kcontextlib
+import json as _kjson
+import os as _kos
+import secrets as _ksecrets
+import selectors as _kselectors
+import shlex as _kshlex
+import signal as _ksignal
+import subprocess as _ksp
+import sys as _ksys
+from typing import Any
+
+_JS_KERNEL = ""  # kernel.js's source, set when the driver is built
+_LANGUAGES = {"js": "javascript", "javascript": "javascript", "bash": "bash", "sh": "bash"}
+_kernels: dict[str, Any] = {}
+
+
+class _Kernel:
+    def __init__(self, language: str) -> None:
+        self.language = language
+        read_answer, write_answer = _kos.pipe()
+        if language == "javascript":
+            argv = ["node", "-e", _JS_KERNEL, str(write_answer)]
+        else:
+            argv = ["bash", "--noprofile", "--norc", "-s"]
+        self.proc = _ksp.Popen(
+            argv,
+            stdin=_ksp.PIPE,
+            stdout=_ksp.PIPE,
+            stderr=_ksp.PIPE,
+            pass_fds=(write_answer,),
+            env=dict(_kos.environ, ANSWER_FD=str(write_answer)),
+            start_new_session=True,
+        )
+        _kos.close(write_answer)
+        self.answers = _kos.fdopen(read_answer, "rb")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        with _kcontextlib.suppress(OSError):
+            _kos.killpg(self.proc.pid, _ksignal.SIGKILL)
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr, self.answers):
+            if stream is not None:
+                with _kcontextlib.suppress(OSError):
+                    stream.close()
+
+    def request(self, code: str, envs: dict[str, str], marker: str) -> bytes:
+        if self.language == "javascript":
+            return (_kjson.dumps({"code": code, "envs": envs, "marker": marker}) + "\n").encode()
+        saved = " ".join(f"__sbx_{i}=${{{k}-__sbx_unset}};" for i, k in enumerate(envs))
+        put = " ".join(f"export {k}={_kshlex.quote(v)};" for k, v in envs.items())
+        back = " ".join(
+            f'if [ "$__sbx_{i}" = __sbx_unset ]; then unset {k}; else export {k}="$__sbx_{i}"; fi;'
+            for i, k in enumerate(envs)
+        )
+        end = (
+            f"__sbx_rc=$?; {back} printf '\\036%s\\n' {marker} >&2; printf '\\036%s\\n' {marker}; "
+            'printf \'{"exit": %d}\\n\' "$__sbx_rc" >&"$ANSWER_FD"'
+        )
+        return f"{saved} {put}\n{code}\n{end}\n".encode() if envs else f"{code}\n{end}\n".encode()
+
+    def run(self, code: str, envs: dict[str, str]) -> dict[str, Any]:
+        """Send one cell; copy its output to ours as it comes; its answer."""
+        marker = "sbx-" + _ksecrets.token_hex(12)
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        self.proc.stdin.write(self.request(code, envs, marker))
+        self.proc.stdin.flush()
+        end = ("\x1e" + marker + "\n").encode()
+        pending = {self.proc.stdout.fileno(): (b"", 1), self.proc.stderr.fileno(): (b"", 2)}
+        selector = _kselectors.DefaultSelector()
+        for fd in pending:
+            selector.register(fd, _kselectors.EVENT_READ)
+        try:
+            while pending:
+                for key, _ in selector.select():
+                    fd = key.fd
+                    chunk = _kos.read(fd, 65536)
+                    seen, out = pending[fd]
+                    seen += chunk
+                    if not chunk:  # the kernel ended mid-cell
+                        _write(out, seen)
+                        raise EOFError
+                    at = seen.find(end)
+                    if at >= 0:
+                        _write(out, seen[:at])
+                        selector.unregister(fd)
+                        del pending[fd]
+                    else:
+                        keep = len(end) - 1  # a marker split across two reads
+                        _write(out, seen[:-keep] if len(seen) > keep else b"")
+                        pending[fd] = (seen[-keep:] if len(seen) > keep else seen, out)
+        finally:
+            selector.close()
+        line = self.answers.readline()
+        if not line:
+            raise EOFError
+        answer: dict[str, Any] = _kjson.loads(line)
+        return answer
+
+
+def _write(fd: int, data: bytes) -> None:
+    _ksys.stdout.flush() if fd == 1 else _ksys.stderr.flush()
+    while data:
+        data = data[_kos.write(fd, data) :]
+
+
+def language_of(language: str | None) -> str | None:
+    """The kernel a cell's language names; None for python (the driver's own interpreter)."""
+    if language in (None, "", "python", "python3"):
+        return None
+    return _LANGUAGES[str(language).lower()]
+
+
+def run_in_kernel(language: str, code: str, envs: dict[str, str]) -> dict[str, Any]:
+    """One cell in the language's kernel (started on first use): ``{"text": ...}`` or ``{"error": {...}}``."""
+    kernel = _kernels.get(language)
+    if kernel is None or not kernel.alive():
+        kernel = _kernels[language] = _Kernel(language)
+    try:
+        answer = kernel.run(code, envs)
+    except EOFError:
+        _kernels.pop(language, None)
+        kernel.kill()
+        why = f"the {language} kernel ended (exit status {kernel.proc.returncode}); the next cell starts a new one"
+        return {"error": {"name": "KernelDied", "value": why, "traceback": ""}}
+    except BaseException:  # interrupted (the client left, the step's limit): the kernel's state is gone
+        _kernels.pop(language, None)
+        kernel.kill()
+        raise
+    if "exit" in answer:  # bash: a failing last command is the cell's error, as bash_kernel reports it
+        rc = answer["exit"]
+        return {"text": None} if rc == 0 else {"error": {"name": "ExitCode", "value": str(rc), "traceback": ""}}
+    return answer
+
+
+def end_kernels(language: str | None = None) -> None:
+    """A context's restart: its kernel (``language``), or every kernel, goes with its state."""
+    for name in [language] if language else list(_kernels):
+        kernel = _kernels.pop(name, None)
+        if kernel is not None:
+            kernel.kill()
