@@ -163,6 +163,8 @@ def test_javascript_and_bash_contexts_keep_their_state() -> None:
         assert sbx.run_code("echo ${FOO:-unset} $GREETING", language="bash").logs.stdout == ["unset hi\n"]
         ctx = sbx.create_code_context(language="js")
         assert ctx.language == "javascript" and sbx.run_code("typeof n", context=ctx).text == "undefined"
+        sbx.run_code("const own = 'ctx'", context=ctx)
+        assert sbx.run_code("own", context=ctx).text == "ctx"  # its kernel lives across its cells
         listed = sbx.list_code_contexts()
         assert {"python", "javascript", "bash"} <= {c.language for c in listed}, listed
         own_js = next(c for c in listed if c.language == "javascript" and c.id != ctx.id)

@@ -460,6 +460,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         parent = await sandbox_info(tenant, sandbox_id)
         create = SessionCreate(
             runner="python",
+            options={"keep_processes": True},  # its kernel (another language's) lives across its cells
             ttl_s=max(parent.expires_in_s, 1.0),
             labels={
                 PARENT_LABEL: sandbox_id,
