@@ -29,11 +29,12 @@ FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS runtime
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-core g++ openjdk-17-jdk-headless golang-go rustc nodejs tini \
  && rm -rf /var/lib/apt/lists/*
-# The code runner's JavaScript packages, pinned as scripts/setup.sh installs them (npm only for this step).
+# The code runner's JavaScript packages and TypeScript's compiler (E2B's TypeScript contexts), pinned as
+# scripts/setup.sh installs them (npm only for this step).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends npm \
  && npm install --global --prefix /usr/local --no-audit --no-fund \
-      lodash@4.17.21 js-md5@0.7.3 seedrandom@3.0.5 random-seed@0.3.0 commander@12.1.0 \
+      lodash@4.17.21 js-md5@0.7.3 seedrandom@3.0.5 random-seed@0.3.0 commander@12.1.0 typescript@5.9.3 \
  && apt-get purge -y --auto-remove npm \
  && rm -rf /var/lib/apt/lists/* /root/.npm
 COPY --from=build /wheels /wheels

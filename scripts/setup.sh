@@ -124,8 +124,9 @@ if not exe.exists():
 print(f"[setup] jail interpreter: {dest}")
 PYEOF
 # 5. The code runner's JavaScript packages (the runtime ones SandboxFusion's image has: programs
-#    `require('lodash')`), pinned, under /usr/local/lib/node_modules (read-only in the jails, on NODE_PATH).
-js_pkgs=(lodash@4.17.21 js-md5@0.7.3 seedrandom@3.0.5 random-seed@0.3.0 commander@12.1.0)
+#    `require('lodash')`), pinned, under /usr/local/lib/node_modules (read-only in the jails, on NODE_PATH);
+#    and TypeScript's compiler (5.x: the JavaScript API; 7 is a native port), for E2B's TypeScript contexts.
+js_pkgs=(lodash@4.17.21 js-md5@0.7.3 seedrandom@3.0.5 random-seed@0.3.0 commander@12.1.0 typescript@5.9.3)
 js_missing=()
 for spec in "${js_pkgs[@]}"; do
   name=${spec%@*}

@@ -405,7 +405,8 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     async def context_of(tenant: str, sandbox_id: str, context_id: str | None) -> tuple[str, str]:
         """The session a code context is, and its language: the sandbox's own (its default python context, and
-        ``<sandbox>+javascript`` / ``+bash``: its kernels of those languages), or one made by ``POST /contexts``."""
+        ``<sandbox>+javascript`` / ``+typescript`` / ``+bash``: its kernels of those languages), or one made by
+        ``POST /contexts``."""
         base, plus, language = (context_id or "").partition("+")
         if not context_id or base == sandbox_id:
             await sandbox_info(tenant, sandbox_id)
@@ -421,7 +422,8 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             return language_of(language) or "python"
         except KeyError:
             raise BadRequest(
-                f"language {language!r} is not served here: python, javascript (js) and bash contexts are"
+                f"language {language!r} is not served here: python, javascript (js), typescript (ts) and bash "
+                "contexts are"
             ) from None
 
     @data.post("/execute")
@@ -478,7 +480,10 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         await sandbox_info(tenant, sandbox_id)
         extra = await gateway.select_sessions(tenant, {PARENT_LABEL: sandbox_id}, "list")
         contexts = [{"id": sandbox_id, "language": "python", "cwd": HOME}]
-        contexts += [{"id": f"{sandbox_id}+{name}", "language": name, "cwd": HOME} for name in ("javascript", "bash")]
+        contexts += [
+            {"id": f"{sandbox_id}+{name}", "language": name, "cwd": HOME}
+            for name in ("javascript", "typescript", "bash")
+        ]
         contexts += [
             {"id": s["session_id"], "language": s["labels"].get(LANGUAGE_LABEL, "python"), "cwd": HOME}
             for s in extra["sessions"]

@@ -11,6 +11,16 @@ const util = require('util')
 const { PassThrough } = require('stream')
 
 const answerFd = Number(process.argv[1])
+const typescript = process.argv[2] === 'ts' ? require('typescript') : null
+
+function javascript (code) {
+  // TypeScript: its types stripped (not checked), as a notebook's TypeScript kernel runs a cell
+  if (!typescript) return code
+  const out = typescript.transpileModule(code, {
+    compilerOptions: { target: typescript.ScriptTarget.ES2022, module: typescript.ModuleKind.ESNext }
+  }).outputText
+  return out.replace(/^export \{\};\s*$/m, '')
+}
 const server = repl.start({ input: new PassThrough(), output: new PassThrough(), terminal: false, useGlobal: true, prompt: '' })
 // The REPL's evaluator hands a cell's exception to its domain, never to the cell's callback: take it there.
 let failed = null
@@ -72,7 +82,14 @@ function run ({ code, envs, marker }) {
       resolve()
     }
     failed = fail
-    server.eval(dynamicImports(code), server.context, 'cell', (err, value) => {
+    let source
+    try {
+      source = dynamicImports(javascript(code))
+    } catch (err) {
+      fail(err)
+      return
+    }
+    server.eval(source, server.context, 'cell', (err, value) => {
       failed = null
       restore()
       if (err) {

@@ -22,7 +22,15 @@ import sys as _ksys
 from typing import Any
 
 _JS_KERNEL = ""  # kernel.js's source, set when the driver is built
-_LANGUAGES = {"js": "javascript", "javascript": "javascript", "bash": "bash", "sh": "bash"}
+_LANGUAGES = {
+    "js": "javascript",
+    "javascript": "javascript",
+    "ts": "typescript",
+    "typescript": "typescript",
+    "bash": "bash",
+    "sh": "bash",
+}
+_NODE_PATH = "/usr/local/lib/node_modules"  # the node's packages (read-only): typescript, lodash, ...
 _kernels: dict[str, Any] = {}
 
 
@@ -30,8 +38,8 @@ class _Kernel:
     def __init__(self, language: str) -> None:
         self.language = language
         read_answer, write_answer = _kos.pipe()
-        if language == "javascript":
-            argv = ["node", "-e", _JS_KERNEL, str(write_answer)]
+        if language in ("javascript", "typescript"):
+            argv = ["node", "-e", _JS_KERNEL, str(write_answer), "ts" if language == "typescript" else "js"]
         else:
             argv = ["bash", "--noprofile", "--norc", "-s"]
         self.proc = _ksp.Popen(
@@ -40,7 +48,7 @@ class _Kernel:
             stdout=_ksp.PIPE,
             stderr=_ksp.PIPE,
             pass_fds=(write_answer,),
-            env=dict(_kos.environ, ANSWER_FD=str(write_answer)),
+            env={"NODE_PATH": _NODE_PATH, **_kos.environ, "ANSWER_FD": str(write_answer)},
             start_new_session=True,
         )
         _kos.close(write_answer)
@@ -59,7 +67,7 @@ class _Kernel:
                     stream.close()
 
     def request(self, code: str, envs: dict[str, str], marker: str) -> bytes:
-        if self.language == "javascript":
+        if self.language != "bash":
             return (_kjson.dumps({"code": code, "envs": envs, "marker": marker}) + "\n").encode()
         saved = " ".join(f"__sbx_{i}=${{{k}-__sbx_unset}};" for i, k in enumerate(envs))
         put = " ".join(f"export {k}={_kshlex.quote(v)};" for k, v in envs.items())
