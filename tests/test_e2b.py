@@ -159,6 +159,12 @@ def test_javascript_and_bash_contexts_keep_their_state() -> None:
         assert sbx.run_code("n", language="js").text == "41"  # an error does not restart it
         typed = sbx.run_code("const message: string = 'typed'; console.log(message)\nmessage.length", language="ts")
         assert typed.logs.stdout == ["typed\n"] and typed.text == "5", typed
+        java = sbx.run_code('int k = 6;\nSystem.out.println("java");\nk * 7', language="java")
+        assert java.logs.stdout == ["java\n"] and java.text == "42", java
+        assert sbx.run_code('System.getProperty("GREETING") + k', language="java").text == "hi6"
+        assert sbx.run_code('System.getProperty("ONCE")', language="java", envs={"ONCE": "1"}).text == "1"
+        assert sbx.run_code('System.getProperty("user.dir")', language="java").text == "/home/user"
+        assert sbx.run_code('int bad = "s";', language="java").error.name == "CompilationException"
         bash = sbx.run_code("mkdir -p data && cd data && X=7 && pwd", language="bash")
         assert bash.logs.stdout == ["/home/user/data\n"], bash
         assert sbx.run_code("echo $X $FOO", language="bash", envs={"FOO": "bar"}).logs.stdout == ["7 bar\n"]
@@ -168,7 +174,7 @@ def test_javascript_and_bash_contexts_keep_their_state() -> None:
         sbx.run_code("const own = 'ctx'", context=ctx)
         assert sbx.run_code("own", context=ctx).text == "ctx"  # its kernel lives across its cells
         listed = sbx.list_code_contexts()
-        assert {"python", "javascript", "typescript", "bash"} <= {c.language for c in listed}, listed
+        assert {"python", "javascript", "typescript", "bash", "java"} <= {c.language for c in listed}, listed
         own_js = next(c for c in listed if c.language == "javascript" and c.id != ctx.id)
         sbx.run_code("py_state = 1")
         sbx.restart_code_context(own_js)  # the sandbox's JavaScript kernel only

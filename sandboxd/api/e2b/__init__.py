@@ -405,8 +405,8 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     async def context_of(tenant: str, sandbox_id: str, context_id: str | None) -> tuple[str, str]:
         """The session a code context is, and its language: the sandbox's own (its default python context, and
-        ``<sandbox>+javascript`` / ``+typescript`` / ``+bash``: its kernels of those languages), or one made by
-        ``POST /contexts``."""
+        ``<sandbox>+javascript`` / ``+typescript`` / ``+bash`` / ``+java``: its kernels of those languages), or one
+        made by ``POST /contexts``."""
         base, plus, language = (context_id or "").partition("+")
         if not context_id or base == sandbox_id:
             await sandbox_info(tenant, sandbox_id)
@@ -422,7 +422,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             return language_of(language) or "python"
         except KeyError:
             raise BadRequest(
-                f"language {language!r} is not served here: python, javascript (js), typescript (ts) and bash "
+                f"language {language!r} is not served here: python, javascript (js), typescript (ts), bash and java "
                 "contexts are"
             ) from None
 
@@ -482,7 +482,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         contexts = [{"id": sandbox_id, "language": "python", "cwd": HOME}]
         contexts += [
             {"id": f"{sandbox_id}+{name}", "language": name, "cwd": HOME}
-            for name in ("javascript", "typescript", "bash")
+            for name in ("javascript", "typescript", "bash", "java")
         ]
         contexts += [
             {"id": s["session_id"], "language": s["labels"].get(LANGUAGE_LABEL, "python"), "cwd": HOME}

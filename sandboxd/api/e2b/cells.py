@@ -289,6 +289,7 @@ DRIVER = (
     (HERE / "charts.py").read_text()
     + (HERE / "kernels.py").read_text()
     + f"_JS_KERNEL = {(HERE / 'kernel.js').read_text()!r}\n"
+    + f"_JAVA_KERNEL = {(HERE / 'Kernel.java').read_text()!r}\n"
     + DRIVER_TEXT
 )
 

@@ -10,6 +10,7 @@ back on a pipe of its own. A kernel that dies, or a cell interrupted (the client
 that kernel: the next cell starts a fresh one, as a kernel restart would.
 """
 
+import base64 as _kbase64
 import contextlib as _kcontextlib
 import json as _kjson
 import os as _kos
@@ -22,6 +23,8 @@ import sys as _ksys
 from typing import Any
 
 _JS_KERNEL = ""  # kernel.js's source, set when the driver is built
+_JAVA_KERNEL = ""  # Kernel.java's source, likewise
+_STATE = "/tmp/.sandboxd-e2b"  # the facade's own files in the sandbox (hidden from its listings)
 _LANGUAGES = {
     "js": "javascript",
     "javascript": "javascript",
@@ -29,6 +32,7 @@ _LANGUAGES = {
     "typescript": "typescript",
     "bash": "bash",
     "sh": "bash",
+    "java": "java",
 }
 _NODE_PATH = "/usr/local/lib/node_modules"  # the node's packages (read-only): typescript, lodash, ...
 _kernels: dict[str, Any] = {}
@@ -40,6 +44,13 @@ class _Kernel:
         read_answer, write_answer = _kos.pipe()
         if language in ("javascript", "typescript"):
             argv = ["node", "-e", _JS_KERNEL, str(write_answer), "ts" if language == "typescript" else "js"]
+        elif language == "java":  # JShell in one small JVM (its snippets run in it: no second JVM)
+            _kos.makedirs(_STATE, exist_ok=True)
+            source = _STATE + "/Kernel.java"
+            with open(source, "w") as f:
+                f.write(_JAVA_KERNEL)
+            jvm = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss1m", "-XX:MaxRAMPercentage=40"]
+            argv = ["java", *jvm, source, str(write_answer)]
         else:
             argv = ["bash", "--noprofile", "--norc", "-s"]
         self.proc = _ksp.Popen(
@@ -67,6 +78,9 @@ class _Kernel:
                     stream.close()
 
     def request(self, code: str, envs: dict[str, str], marker: str) -> bytes:
+        if self.language == "java":
+            pairs = "\n".join(f"{k}={v}" for k, v in envs.items())
+            return f"{marker} {_kb64(code)} {_kb64(pairs)}\n".encode()
         if self.language != "bash":
             return (_kjson.dumps({"code": code, "envs": envs, "marker": marker}) + "\n").encode()
         saved = " ".join(f"__sbx_{i}=${{{k}-__sbx_unset}};" for i, k in enumerate(envs))
@@ -118,6 +132,10 @@ class _Kernel:
             raise EOFError
         answer: dict[str, Any] = _kjson.loads(line)
         return answer
+
+
+def _kb64(text: str) -> str:
+    return _kbase64.b64encode(text.encode()).decode()
 
 
 def _write(fd: int, data: bytes) -> None:
