@@ -186,6 +186,36 @@ def test_javascript_and_bash_contexts_keep_their_state() -> None:
         sbx.kill()
 
 
+def test_what_a_red_team_did_to_cells_and_kernels() -> None:
+    """A cell's answer survives NaN and a failing figure; a JavaScript cell's own names (``const fs``, a
+    ``function shown``) are its own, not the kernel's; a JavaScript cell's output larger than a pipe never spills
+    into the next cell; a bash cell that reads stdin gets EOF, not the protocol."""
+    sbx = Sandbox.create()
+    try:
+        nan = sbx.run_code("import math\n[1.0, math.nan]")
+        assert nan.error is None and nan.results[0].text == "[1.0, nan]", nan
+        lost = sbx.run_code(
+            "from IPython.display import display\nimport math\ndisplay([math.inf])\nraise ValueError('mine')"
+        )
+        assert lost.error is not None and lost.error.name == "ValueError", lost
+        bad = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.title(r'$\\frac{1$')")
+        assert bad.error is not None, bad
+        assert sbx.run_code("41 + 1").text == "42"  # the broken figure was closed with its cell
+        assert sbx.run_code("const fs = require('fs'); typeof fs.readFileSync", language="js").text == "function"
+        sbx.run_code("function shown(v) { return 'FAKE' }", language="js")
+        assert sbx.run_code("1 + 1", language="js").text == "2"
+        big = sbx.run_code("console.log('x'.repeat(200000)); 5", language="js")
+        assert "".join(big.logs.stdout) == "x" * 200000 + "\n" and big.text == "5"
+        after = sbx.run_code("6", language="js")
+        assert after.logs.stdout == [] and after.text == "6", after.logs.stdout[:1]
+        read = sbx.run_code("read line; echo got:$line", language="bash", timeout=20)
+        assert read.logs.stdout == ["got:\n"], read
+        assert sbx.run_code("echo 'unbalanced", language="bash").error is not None
+        assert sbx.run_code("echo fine", language="bash").logs.stdout == ["fine\n"]
+    finally:
+        sbx.kill()
+
+
 def test_contexts_are_separate_interpreters_of_one_sandbox() -> None:
     sbx = Sandbox.create()
     try:

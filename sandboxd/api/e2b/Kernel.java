@@ -57,7 +57,7 @@ public class Kernel {
             System.err.print("\u001e" + marker + "\n");
             System.out.flush();
             System.err.flush();
-            answers.println(answer);
+            answers.println("{\"marker\": " + json(marker) + ", " + answer.substring(1));
         }
     }
 

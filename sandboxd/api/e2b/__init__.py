@@ -45,6 +45,7 @@ from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.constants import SESSION_HOME
 from sandboxd.errors import (
     BadRequest,
+    NotFound,
     NotServed,
     SandboxdError,
     SessionClosed,
@@ -411,9 +412,12 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         if not context_id or base == sandbox_id:
             await sandbox_info(tenant, sandbox_id)
             return sandbox_id, language_named(language) if plus else "python"
-        info = await gateway.session_info(context_id, tenant)
+        try:
+            info = await gateway.session_info(context_id, tenant)
+        except (UnknownSession, SessionLost, SessionClosed, SessionExpired) as exc:  # the sandbox is fine: a 404
+            raise NotFound(f"context {context_id!r} not found: {exc.message}") from None
         if info.labels.get(PARENT_LABEL) != sandbox_id:
-            raise UnknownSession(f"context {context_id!r} is not one of this sandbox's", session_id=context_id)
+            raise NotFound(f"context {context_id!r} is not one of this sandbox's")
         return context_id, info.labels.get(LANGUAGE_LABEL, "python")
 
     def language_named(language: str | None) -> str:
@@ -503,8 +507,8 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     async def restart_context(context_id: str, caller: Sandbox) -> Response:
         tenant, sandbox_id = caller
         session_id, language = await context_of(tenant, sandbox_id, context_id)
-        own_kernel = language != "python" and (session_id == sandbox_id)  # the sandbox's default kernel only
-        cell, marker = restart_cell(HOME, language if own_kernel else None)
+        # a python context's variables; another language's context: its kernel only
+        cell, marker = restart_cell(HOME, None if language == "python" else language)
         result = await calls.step(tenant, session_id, {"code": cell}, CALL_TIMEOUT_S)
         if split_answer(str((result.get("observation") or {}).get("stdout") or ""), marker)[1] is None:
             error = result.get("error") or {}
@@ -586,6 +590,12 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             )
 
         control.add_api_route(f"/{head}{{rest:path}}", not_served, methods=methods, include_in_schema=False)
+
+    async def no_such_route(request: Request, caller: Sandbox) -> Response:
+        raise NotFound(f"{request.method} {request.url.path}: no such route of a sandbox's code interpreter")
+
+    # ... and under a sandbox's data plane (a context id with a path in it, a method not served): E2B's shape
+    data.add_api_route("/contexts/{rest:path}", no_such_route, methods=methods, include_in_schema=False)
 
     api = APIRouter()
     api.include_router(control)

@@ -192,24 +192,26 @@ def _figures():
     if plt is None:
         return []
     shown = []
-    for num in plt.get_fignums():
-        shown.append({**_drawn(plt.figure(num)), "is_main_result": False})
-    plt.close("all")
+    try:
+        for num in plt.get_fignums():
+            shown.append({**_drawn(plt.figure(num)), "is_main_result": False})
+    finally:  # a figure that cannot be drawn is this cell's error once, never every later cell's
+        plt.close("all")
     return shown
 
 
 def restart(user, home, marker, language=None):
     # A kernel's restart as this interpreter can make it: the context's variables gone, the count from 1, its
     # figures closed, back in its home. Modules stay imported (a fresh kernel imports them again, the same).
-    global executions
+    counts = globals().setdefault("_counts", {})
     if language is not None:  # another language's context: its kernel only
         end_kernels(language)
+        counts.pop(language, None)
         out = ("\n" + marker + "{}\n").encode()
         while out:
             out = out[_os.write(1, out):]
         return
-    executions = 0
-    end_kernels()
+    counts.pop(None, None)
     keep = ("__name__", "__doc__", "__builtins__", "__spec__", "__loader__", "__package__")
     kept = {k: user[k] for k in keep if k in user}
     user.clear()
@@ -223,20 +225,36 @@ def restart(user, home, marker, language=None):
         out = out[_os.write(1, out):]
 
 
+def _answer(marker, events):
+    # NaN and infinities as null (E2B's JSON has no NaN); what JSON cannot hold (a set a repr returned) as text
+    def clean(value):
+        if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+            return None
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    out = ("\n" + marker + _json.dumps(clean(events), default=repr, allow_nan=False) + "\n").encode()
+    while out:
+        out = out[_os.write(1, out):]
+
+
 def run(code, envs, marker, user, language=None):
     global executions, _shown
-    executions = globals().get("executions", 0) + 1
-    events = {"results": [], "error": None, "execution_count": executions}
     kernel = language_of(language)
+    counts = globals().setdefault("_counts", {})  # per language, as E2B counts each context's cells
+    counts[kernel] = counts.get(kernel, 0) + 1
+    executions = counts[kernel]
+    events = {"results": [], "error": None, "execution_count": executions}
     if kernel is not None:  # another language's kernel: its output went to ours as it came
         answer = run_in_kernel(kernel, _tw.dedent(code), envs)
         if answer.get("error"):
             events["error"] = answer["error"]
         elif answer.get("text") is not None:
             events["results"].append({"text": answer["text"], "is_main_result": True})
-        out = ("\n" + marker + _json.dumps(events) + "\n").encode()
-        while out:
-            out = out[_os.write(1, out):]
+        _answer(marker, events)
         return
     _shown = events["results"]
     user.setdefault("display", display)  # a kernel's user namespace has it without an import
@@ -278,9 +296,7 @@ def run(code, envs, marker, user, language=None):
                 stream.flush()
             except Exception:
                 pass
-    out = ("\n" + marker + _json.dumps(events) + "\n").encode()
-    while out:
-        out = out[_os.write(1, out):]
+    _answer(marker, events)
 """
 # The driver as the sandbox builds it: the chart extraction and the other languages' kernels (real modules
 # here, linted and typed) first.

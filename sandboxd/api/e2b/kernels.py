@@ -34,6 +34,7 @@ _LANGUAGES = {
     "sh": "bash",
     "java": "java",
 }
+_STALE_MAX = 10_000  # lines on the answer pipe that are not this cell's answer, before the kernel is ended
 _NODE_PATH = "/usr/local/lib/node_modules"  # the node's packages (read-only): typescript, lodash, ...
 _kernels: dict[str, Any] = {}
 
@@ -42,6 +43,7 @@ class _Kernel:
     def __init__(self, language: str) -> None:
         self.language = language
         read_answer, write_answer = _kos.pipe()
+        self.answer_fd = write_answer  # its number in the kernel
         if language in ("javascript", "typescript"):
             argv = ["node", "-e", _JS_KERNEL, str(write_answer), "ts" if language == "typescript" else "js"]
         elif language == "java":  # JShell in one small JVM (its snippets run in it: no second JVM)
@@ -59,7 +61,7 @@ class _Kernel:
             stdout=_ksp.PIPE,
             stderr=_ksp.PIPE,
             pass_fds=(write_answer,),
-            env={"NODE_PATH": _NODE_PATH, **_kos.environ, "ANSWER_FD": str(write_answer)},
+            env={"NODE_PATH": _NODE_PATH, **_kos.environ},
             start_new_session=True,
         )
         _kos.close(write_answer)
@@ -83,17 +85,20 @@ class _Kernel:
             return f"{marker} {_kb64(code)} {_kb64(pairs)}\n".encode()
         if self.language != "bash":
             return (_kjson.dumps({"code": code, "envs": envs, "marker": marker}) + "\n").encode()
+        # bash: the cell through eval of a here-document (an unbalanced quote is its own syntax error, never a
+        # read of what follows), its stdin /dev/null (a `read` or `cat` does not eat the protocol), in this shell
         saved = " ".join(f"__sbx_{i}=${{{k}-__sbx_unset}};" for i, k in enumerate(envs))
         put = " ".join(f"export {k}={_kshlex.quote(v)};" for k, v in envs.items())
         back = " ".join(
             f'if [ "$__sbx_{i}" = __sbx_unset ]; then unset {k}; else export {k}="$__sbx_{i}"; fi;'
             for i, k in enumerate(envs)
         )
+        cell = f"eval \"$(cat <<'__sbx_{marker}'\n{code}\n__sbx_{marker}\n)\" </dev/null"
         end = (
             f"__sbx_rc=$?; {back} printf '\\036%s\\n' {marker} >&2; printf '\\036%s\\n' {marker}; "
-            'printf \'{"exit": %d}\\n\' "$__sbx_rc" >&"$ANSWER_FD"'
+            f'printf \'{{"exit": %d, "marker": "%s"}}\\n\' "$__sbx_rc" {marker} >&{self.answer_fd}'
         )
-        return f"{saved} {put}\n{code}\n{end}\n".encode() if envs else f"{code}\n{end}\n".encode()
+        return f"{saved} {put}\n{cell}\n{end}\n".encode()
 
     def run(self, code: str, envs: dict[str, str]) -> dict[str, Any]:
         """Send one cell; copy its output to ours as it comes; its answer."""
@@ -127,11 +132,17 @@ class _Kernel:
                         pending[fd] = (seen[-keep:] if len(seen) > keep else seen, out)
         finally:
             selector.close()
-        line = self.answers.readline()
-        if not line:
-            raise EOFError
-        answer: dict[str, Any] = _kjson.loads(line)
-        return answer
+        for _ in range(_STALE_MAX):  # the answer tagged with this cell's marker; others (forged, stale) skipped
+            line = self.answers.readline()
+            if not line:
+                raise EOFError
+            try:
+                answer = _kjson.loads(line)
+            except ValueError:
+                continue
+            if isinstance(answer, dict) and answer.get("marker") == marker:
+                return answer
+        raise EOFError
 
 
 def _kb64(text: str) -> str:
@@ -170,7 +181,11 @@ def run_in_kernel(language: str, code: str, envs: dict[str, str]) -> dict[str, A
     if "exit" in answer:  # bash: a failing last command is the cell's error, as bash_kernel reports it
         rc = answer["exit"]
         return {"text": None} if rc == 0 else {"error": {"name": "ExitCode", "value": str(rc), "traceback": ""}}
-    return answer
+    error = answer.get("error")
+    if isinstance(error, dict):
+        return {"error": {k: str(error.get(k, "")) for k in ("name", "value", "traceback")}}
+    text = answer.get("text")
+    return {"text": None if text is None else str(text)}
 
 
 def end_kernels(language: str | None = None) -> None:
