@@ -5,6 +5,7 @@ the package's own client."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -220,3 +221,37 @@ async def test_a_step_in_a_session_closed_by_its_client_says_so(a: httpx.AsyncCl
     error = r.json()["error"]
     assert (error["blame"], error["code"]) == ("client", "session_closed"), error
     assert "closed by its client" in error["message"]
+
+
+def test_a_node_that_died_leaves_nothing_to_the_next_one_of_its_id() -> None:
+    """A node killed with SIGKILL leaves its workers' cgroups and whatever still ran in them (charged to no
+    budget, held by nobody); the next node of the same id removes both before its workers start."""
+    from sandboxd.runners.cgroups import V1_CONTROLLERS, V1_OPTIONAL, _own_path, detect_version
+
+    if detect_version() != 1:
+        pytest.skip("this machine's layout: cgroup v1 (sweep_dead_nodes reads v2's one tree the same way)")
+    node_id = f"sweep{os.getpid()}"
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text()) + 17  # a pid no process can have
+    mount = Path("/sys/fs/cgroup")
+    ctrls = [*V1_CONTROLLERS, *(c for c in V1_OPTIONAL if (mount / c).is_dir())]
+    left = [mount / c / _own_path(c).lstrip("/") / f"{node_id}-{dead}-w0" / "slot0" for c in ctrls]
+    kept = mount / "memory" / _own_path("memory").lstrip("/") / f"other{os.getpid()}-{dead}-w0"  # not its id
+    orphan = subprocess.Popen(["sleep", "300"])
+    try:
+        for d in [*left, kept]:
+            d.mkdir(parents=True, exist_ok=True)
+        for d in left:
+            (d / "cgroup.procs").write_text(str(orphan.pid))
+        with running_node(node_id=node_id, runners='["tools"]', workers=1) as base:
+            assert httpx.get(f"{base}/readyz", timeout=10).json()["ready"]
+            assert orphan.wait(timeout=10) == -signal.SIGKILL  # the dead node's sandbox: killed
+            assert not any(d.parent.exists() for d in left), [d for d in left if d.parent.exists()]
+            assert kept.exists()  # another node's groups are not this one's to sweep
+    finally:
+        orphan.kill()
+        orphan.wait()
+        for d in [*left, kept]:
+            for p in (d, d.parent):
+                if p.exists() and p.name != _own_path("memory").rsplit("/", 1)[-1]:
+                    with contextlib.suppress(OSError):
+                        p.rmdir()

@@ -50,6 +50,7 @@ from sandboxd.node.drain import DrainToken
 from sandboxd.node.ledger import Entry, Ledger
 from sandboxd.node.workers import WorkerProc, Workers
 from sandboxd.registry import kinds
+from sandboxd.runners.cgroups import sweep_dead_nodes
 from sandboxd.stores.idempotency import MemoryKV
 from sandboxd.tally import Tally, rows_for
 
@@ -100,6 +101,11 @@ class NodeCore:
             self.board.clear(i)
         tenants = [tenant_of_key(k) for k in s.all_api_keys()]
         self.tally = Tally(Path(s.runtime_dir) / "tally", rows_for(s.front_count()), tenants, create=True)
+        swept = await asyncio.to_thread(sweep_dead_nodes, s.node_id)
+        if swept:
+            log.warning(
+                "removed the cgroups (and what ran in them) of an earlier node %s that died: %s", s.node_id, swept
+            )
         self.workers = Workers(s, self._worker_lost, self._worker_ready, self._worker_event)
         await self.workers.start()
         if s.redis_url:

@@ -26,6 +26,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Iterable
@@ -425,6 +426,51 @@ class CgroupRoot:
     def own(self) -> CgroupGroup:
         """The group this process itself is in (where a fork server goes back to after a visit)."""
         return CgroupGroup({k: v.parent for k, v in self.group.dirs.items()}, self.version)
+
+
+def sweep_dead_nodes(node_id: str, mount: Path = Path("/sys/fs/cgroup")) -> list[str]:
+    """Remove the groups an earlier node of this id left when it died without stopping (SIGKILL, the OOM
+    killer, a crash): its workers' ``<node_id>-<pid>-w<k>[-<kind>]``, where ``pid`` is no live process or is
+    this process's own (a container restarted in its pod gives the new node the old one's pid; none of its
+    groups exists yet). Whatever still runs in them is killed: a sandbox of a dead node is nobody's, and it
+    holds memory and CPU no budget counts. Call it before the workers start; returns the names removed. A node
+    id names one node at a time (a second one is refused: ``NodeIdConflict``), so no live node's groups match."""
+    try:
+        version = detect_version(mount)
+    except SandboxSetupError:
+        return []
+    if version == 1:
+        ctrls = [*V1_CONTROLLERS, *(c for c in V1_OPTIONAL if (mount / c).is_dir())]
+        parents = {c: mount / c / _own_path(c).lstrip("/") for c in ctrls}
+    else:
+        parents = {"unified": mount / _own_path(None).lstrip("/")}
+    pattern = re.compile(rf"^{re.escape(node_id)}-(\d+)-w\d+(-[a-z]+)?$")
+    names = set()
+    for parent in parents.values():
+        with contextlib.suppress(OSError):
+            for child in parent.iterdir():
+                found = pattern.match(child.name)
+                if found and child.is_dir() and not _alive_elsewhere(int(found.group(1))):
+                    names.add(child.name)
+    removed = []
+    for name in sorted(names):
+        dirs = {k: p / name for k, p in parents.items() if (p / name).is_dir()}
+        if CgroupGroup(dirs, version).remove():
+            removed.append(name)
+    return removed
+
+
+def _alive_elsewhere(pid: int) -> bool:
+    """A live process other than this one."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _delegate_controllers(group: Path) -> bool:
