@@ -10,11 +10,10 @@ what they sent themselves that has not come back yet.
 
 from __future__ import annotations
 
-import mmap
-import os
 from pathlib import Path
 
-CELL = 4  # int32
+from sandboxd.shm import SharedInts
+
 FIELDS = 2  # free slots, queued steps
 
 
@@ -23,17 +22,8 @@ class Board:
         self.kinds = {k: i for i, k in enumerate(kinds)}
         self.workers = workers
         self.stride = len(kinds) * FIELDS
-        size = max(1, workers * self.stride) * CELL
-        if create:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.ftruncate(fd, size)
-        else:
-            fd = os.open(path, os.O_RDWR)
-        try:
-            self.map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self.cells = memoryview(self.map).cast("i")
+        self.shared = SharedInts(path, workers * self.stride, create)
+        self.cells = self.shared.cells
 
     def set(self, worker: int, kind: str, free: int, queued: int) -> None:
         base = worker * self.stride + self.kinds[kind] * FIELDS
@@ -77,5 +67,4 @@ class Board:
         return free, queued
 
     def close(self) -> None:
-        self.cells.release()
-        self.map.close()
+        self.shared.close()

@@ -74,13 +74,16 @@ class NodeProcess:
         cgroup: tuple[str, ...] = (),
         cwd: str | None = None,
     ) -> None:
-        """``cwd``: where the node starts; a source tree to run that tree's code (``python -m`` puts the working
-        directory first on the path, ahead of ``PYTHONPATH``: from this repository's root, any node runs it)."""
+        """``cwd``: a source tree whose code the node runs: it starts there (``python -m`` puts the working
+        directory first on the path, ahead of ``PYTHONPATH``: from this repository's root, any node ran it) with
+        the tree first on ``PYTHONPATH`` too, for every process it starts."""
         self.port = port or free_port()
         env = {k: v for k, v in os.environ.items() if inherit or not k.startswith("SANDBOXD_")}
         env.update({"SANDBOXD_HOST": "127.0.0.1", "SANDBOXD_PORT": str(self.port)})
         env.setdefault("SANDBOXD_LOG_LEVEL", "warning")
         env.update(settings or {})
+        if cwd:
+            env["PYTHONPATH"] = os.pathsep.join([cwd, *filter(None, [env.get("PYTHONPATH")])])
         self.settings = dict(settings or {})
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(

@@ -12,11 +12,10 @@ Tenants are the configured API keys' (fixed for the node's life), in one order e
 
 from __future__ import annotations
 
-import mmap
-import os
 from pathlib import Path
 
-CELL = 4  # int32
+from sandboxd.shm import SharedInts
+
 FIELDS = 2  # connections, steps in flight
 CONNECTIONS, INFLIGHT = 0, 1
 
@@ -31,17 +30,8 @@ class Tally:
         self.columns = {t: i for i, t in enumerate(sorted(set(tenants)))}
         self.rows = rows
         self.stride = max(1, len(self.columns)) * FIELDS
-        size = max(1, rows * self.stride) * CELL
-        if create:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.ftruncate(fd, size)
-        else:
-            fd = os.open(path, os.O_RDWR)
-        try:
-            self.map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self.cells = memoryview(self.map).cast("i")
+        self.shared = SharedInts(path, rows * self.stride, create)
+        self.cells = self.shared.cells
 
     def add(self, row: int, tenant: str, field: int, delta: int) -> int:
         """Change this front's count of ``tenant``; the tenant's count over the whole node after it (a tenant
@@ -61,5 +51,4 @@ class Tally:
             self.cells[base + i] = 0
 
     def close(self) -> None:
-        self.cells.release()
-        self.map.close()
+        self.shared.close()

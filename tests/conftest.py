@@ -21,6 +21,7 @@ import pytest
 from sandboxd.config import settings_model
 from sandboxd.localnode import LocalRedis, free_port, local_node
 from sandboxd.registry import ENTRY_POINT_GROUP, kinds
+from sandboxd.runners.cgroups import _own_path
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_KIND = "tests.fake_runner:KIND"
@@ -57,6 +58,11 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("SANDBOXD_"):
             monkeypatch.delenv(key)
+
+
+def own_cgroup(controller: str) -> Path:
+    """This process's own group of a v1 ``controller``: where a test makes a pod, a neighbour or a leftover."""
+    return Path("/sys/fs/cgroup") / controller / _own_path(controller).lstrip("/")
 
 
 def running_node(**settings: object) -> contextlib.AbstractContextManager[str]:

@@ -15,14 +15,13 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from sandboxd.runners.cgroups import CgroupGroup, detect_version
-from tests.conftest import running_node_in
+from tests.conftest import own_cgroup, running_node_in
 
 pytestmark = pytest.mark.nsjail
 
@@ -30,20 +29,12 @@ KEY_A, KEY_B = "pressure-tenant-a", "pressure-tenant-b"
 MIB = 1 << 20
 
 
-def _own(controller: str) -> Path:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, ctrls, path = line.split(":", 2)
-        if controller in ctrls.split(","):
-            return Path("/sys/fs/cgroup") / controller / path.lstrip("/")
-    raise RuntimeError(f"no {controller} cgroup")
-
-
 @contextlib.contextmanager
 def make_pod(name: str) -> Iterator[CgroupGroup]:
     """A pod-like group: memory and pids limits set by each test, a node inside it."""
     if detect_version() != 1:
         pytest.skip("this machine's layout: cgroup v1 (the v2 counters are the same rule, one file each)")
-    group = CgroupGroup({c: _own(c) / f"{name}-{os.getpid()}" for c in ("memory", "pids")}, 1)
+    group = CgroupGroup({c: own_cgroup(c) / f"{name}-{os.getpid()}" for c in ("memory", "pids")}, 1)
     for d in group.dirs.values():
         d.mkdir(exist_ok=True)
     try:

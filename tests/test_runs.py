@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from sandboxd.client import SandboxClient
-from tests.conftest import running_node
+from tests.conftest import own_cgroup, running_node
 
 KEY_A = "runs-key-a-0123456789"
 KEY_B = "runs-key-b-0123456789"
@@ -226,16 +226,15 @@ async def test_a_step_in_a_session_closed_by_its_client_says_so(a: httpx.AsyncCl
 def test_a_node_that_died_leaves_nothing_to_the_next_one_of_its_id() -> None:
     """A node killed with SIGKILL leaves its workers' cgroups and whatever still ran in them (charged to no
     budget, held by nobody); the next node of the same id removes both before its workers start."""
-    from sandboxd.runners.cgroups import V1_CONTROLLERS, V1_OPTIONAL, _own_path, detect_version
+    from sandboxd.runners.cgroups import V1_CONTROLLERS, V1_OPTIONAL, detect_version
 
     if detect_version() != 1:
         pytest.skip("this machine's layout: cgroup v1 (sweep_dead_nodes reads v2's one tree the same way)")
     node_id = f"sweep{os.getpid()}"
     dead = int(Path("/proc/sys/kernel/pid_max").read_text()) + 17  # a pid no process can have
-    mount = Path("/sys/fs/cgroup")
-    ctrls = [*V1_CONTROLLERS, *(c for c in V1_OPTIONAL if (mount / c).is_dir())]
-    left = [mount / c / _own_path(c).lstrip("/") / f"{node_id}-{dead}-w0" / "slot0" for c in ctrls]
-    kept = mount / "memory" / _own_path("memory").lstrip("/") / f"other{os.getpid()}-{dead}-w0"  # not its id
+    ctrls = [*V1_CONTROLLERS, *(c for c in V1_OPTIONAL if Path("/sys/fs/cgroup", c).is_dir())]
+    left = [own_cgroup(c) / f"{node_id}-{dead}-w0" / "slot0" for c in ctrls]
+    kept = own_cgroup("memory") / f"other{os.getpid()}-{dead}-w0"  # not its id
     orphan = subprocess.Popen(["sleep", "300"])
     try:
         for d in [*left, kept]:
@@ -252,6 +251,6 @@ def test_a_node_that_died_leaves_nothing_to_the_next_one_of_its_id() -> None:
         orphan.wait()
         for d in [*left, kept]:
             for p in (d, d.parent):
-                if p.exists() and p.name != _own_path("memory").rsplit("/", 1)[-1]:
+                if p.exists() and p != own_cgroup("memory"):
                     with contextlib.suppress(OSError):
                         p.rmdir()

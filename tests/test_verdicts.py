@@ -28,7 +28,7 @@ import pytest
 
 from sandboxd.runners.cgroups import CgroupGroup, detect_version
 from sandboxd.runners.python.jailside import landlock
-from tests.conftest import running_node
+from tests.conftest import own_cgroup, running_node
 from tests.verdict_corpus import CORPUS, TIMEOUT_S, Case, verdict_of
 
 pytestmark = [pytest.mark.nsjail, pytest.mark.timeout(600)]
@@ -142,14 +142,6 @@ async def test_a_tenants_looping_sessions_beyond_the_slots_are_its_own_timeouts(
     assert got == {"program_timeout": n}, got
 
 
-def _own(controller: str) -> Path:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, ctrls, path = line.split(":", 2)
-        if controller in ctrls.split(","):
-            return Path("/sys/fs/cgroup") / controller / path.lstrip("/")
-    raise RuntimeError(f"no {controller} cgroup")
-
-
 @contextlib.contextmanager
 def hostile_neighbour() -> Iterator[None]:
     """Another pod on the same host: a group of its own (2 cores of CPU quota, 1 GiB) whose processes burn
@@ -157,7 +149,7 @@ def hostile_neighbour() -> Iterator[None]:
     if detect_version() != 1:
         pytest.skip("this machine's layout: cgroup v1")
     name = f"neighbour-{os.getpid()}"
-    group = CgroupGroup({c: _own(c) / name for c in ("memory", "pids", "cpu")}, 1)
+    group = CgroupGroup({c: own_cgroup(c) / name for c in ("memory", "pids", "cpu")}, 1)
     for d in group.dirs.values():
         d.mkdir(exist_ok=True)
     group.set_limits(1 << 30, 64)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import time
 
@@ -45,29 +44,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--concurrency", default="1,4")
     args = ap.parse_args()
-    saved = os.environ.get("PYTHONPATH")
-    if args.tree:
-        os.environ["PYTHONPATH"] = args.tree
-    try:
-        for c in (int(x) for x in args.concurrency.split(",")):
-            t0 = time.monotonic()
-            node = NodeProcess({"SANDBOXD_RUNNERS": '["python"]'}, cwd=args.tree)
-            try:
-                node.wait_ready(300)
-                ready_s = time.monotonic() - t0
-                lat = sorted(asyncio.run(_first(node.url, args.steps, c)))
-            finally:
-                node.stop()
-            print(
-                f"c={c} ready after {ready_s:.1f} s; first {len(lat)} numpy/pandas/sympy one-shots: "
-                f"p50 {statistics.median(lat):.0f} ms, max {lat[-1]:.0f} ms",
-                flush=True,
-            )
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
+    for c in (int(x) for x in args.concurrency.split(",")):
+        t0 = time.monotonic()
+        node = NodeProcess({"SANDBOXD_RUNNERS": '["python"]'}, cwd=args.tree)
+        try:
+            node.wait_ready(300)
+            ready_s = time.monotonic() - t0
+            lat = sorted(asyncio.run(_first(node.url, args.steps, c)))
+        finally:
+            node.stop()
+        print(
+            f"c={c} ready after {ready_s:.1f} s; first {len(lat)} numpy/pandas/sympy one-shots: "
+            f"p50 {statistics.median(lat):.0f} ms, max {lat[-1]:.0f} ms",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

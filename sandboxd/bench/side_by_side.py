@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 from dataclasses import dataclass, field
 
@@ -66,10 +65,8 @@ def main() -> None:
     trees = ["A", "B"]
     unit = "starts/s" if args.workload == "B8" else "exec/s"
     nodes = []
-    saved = os.environ.get("PYTHONPATH")
     try:
         for tree, extra in ((args.tree_a, args.env_a), (args.tree_b, args.env_b)):
-            os.environ["PYTHONPATH"] = tree
             nodes.append(NodeProcess({"SANDBOXD_RUNNERS": '["python"]', **_settings(extra)}, cwd=tree))
         for node in nodes:
             node.wait_ready(300)
@@ -96,10 +93,6 @@ def main() -> None:
     finally:
         for node in nodes:
             node.stop()
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
 
 
 if __name__ == "__main__":

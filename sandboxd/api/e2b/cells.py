@@ -203,26 +203,19 @@ def _figures():
 def restart(user, home, marker, language=None):
     # A kernel's restart as this interpreter can make it: the context's variables gone, the count from 1, its
     # figures closed, back in its home. Modules stay imported (a fresh kernel imports them again, the same).
-    counts = globals().setdefault("_counts", {})
+    globals().setdefault("_counts", {}).pop(language, None)
     if language is not None:  # another language's context: its kernel only
         end_kernels(language)
-        counts.pop(language, None)
-        out = ("\n" + marker + "{}\n").encode()
-        while out:
-            out = out[_os.write(1, out):]
-        return
-    counts.pop(None, None)
-    keep = ("__name__", "__doc__", "__builtins__", "__spec__", "__loader__", "__package__")
-    kept = {k: user[k] for k in keep if k in user}
-    user.clear()
-    user.update(kept)
-    plt = _sys.modules.get("matplotlib.pyplot")
-    if plt is not None:
-        plt.close("all")
-    _os.chdir(home)
-    out = ("\n" + marker + "{}\n").encode()
-    while out:
-        out = out[_os.write(1, out):]
+    else:
+        keep = ("__name__", "__doc__", "__builtins__", "__spec__", "__loader__", "__package__")
+        kept = {k: user[k] for k in keep if k in user}
+        user.clear()
+        user.update(kept)
+        plt = _sys.modules.get("matplotlib.pyplot")
+        if plt is not None:
+            plt.close("all")
+        _os.chdir(home)
+    _answer(marker, {})
 
 
 def _answer(marker, events):
