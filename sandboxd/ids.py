@@ -9,6 +9,7 @@ routes steps to the owner node with ``owner_of``, so this module imports nothing
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import secrets
 
@@ -16,8 +17,14 @@ from sandboxd.constants import SESSION_ID_BYTES
 
 
 def new_session_id(node_id: str, worker: int = 0, incarnation: str = "0") -> str:
-    """The random part has no dot and no ``~``, so the node is everything after the first dot."""
-    return f"s_{secrets.token_urlsafe(SESSION_ID_BYTES)}~{worker}~{incarnation}.{node_id}"
+    """The random part has no dot and no ``~``, so the node is everything after the first dot. It is lowercase
+    base32 (a-z, 2-7): with the worker and its hex incarnation it fits one DNS label, which is how an E2B sandbox
+    is addressed (``<port>-<sandbox id>.<domain>``, ``api/e2b/names.py``), and a host name has no case."""
+    return f"s_{random_part()}~{worker}~{incarnation}.{node_id}"
+
+
+def random_part() -> str:
+    return base64.b32encode(secrets.token_bytes(SESSION_ID_BYTES)).decode().rstrip("=").lower()
 
 
 def owner_of(session_id: str) -> str | None:

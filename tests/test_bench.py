@@ -62,6 +62,8 @@ def test_smoke_bench_writes_results_report_uploads_and_sizes_a_fleet(tmp_path: P
         "B9",
         "--preset",
         "smoke",
+        "--concurrency",  # one level: the smoke preset's two would double the suite's longest test
+        "4",
         "--out",
         str(tmp_path),
         "--instance-type",
@@ -85,32 +87,31 @@ def test_smoke_bench_writes_results_report_uploads_and_sizes_a_fleet(tmp_path: P
         and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
     )
 
-    for level in (1, 4):
-        r = json.loads((run_dir / "B1_codeexec" / f"c{level:04d}.json").read_text())
-        assert {
-            "benchmark",
-            "instance",
-            "concurrency",
-            "duration_sec",
-            "throughput",
-            "latency_ms",
-            "resource",
-            "cost",
-            "extra",
-        } <= r.keys()
-        assert {"instance_type", "arch", "vcpus", "cpu_model"} <= r["instance"].keys()
-        assert r["throughput"]["executions_per_sec"] > 0 and r["throughput"]["total_ops"] > 0
-        assert {"count", "errors", "p50", "p95", "p99", "mean", "max"} <= r["latency_ms"].keys()
-        assert r["latency_ms"]["errors"] == 0
-        assert r["resource"]["cpu_util_avg"] is not None and r["resource"]["mem_peak_gb"] > 0
-        assert r["cost"]["instance_hourly_usd"] == 0.08925 and r["cost"]["cost_per_1k_units_usd"] > 0
-        assert (
-            r["extra"]["corpus_size"]
-            == r["extra"]["corpus_breakdown"]["humaneval"] + r["extra"]["corpus_breakdown"]["mbpp_sanitized"]
-        )
-        assert r["extra"]["pass_rate"] >= 0.99, r["extra"]
+    r = json.loads((run_dir / "B1_codeexec" / "c0004.json").read_text())
+    assert {
+        "benchmark",
+        "instance",
+        "concurrency",
+        "duration_sec",
+        "throughput",
+        "latency_ms",
+        "resource",
+        "cost",
+        "extra",
+    } <= r.keys()
+    assert {"instance_type", "arch", "vcpus", "cpu_model"} <= r["instance"].keys()
+    assert r["throughput"]["executions_per_sec"] > 0 and r["throughput"]["total_ops"] > 0
+    assert {"count", "errors", "p50", "p95", "p99", "mean", "max"} <= r["latency_ms"].keys()
+    assert r["latency_ms"]["errors"] == 0
+    assert r["resource"]["cpu_util_avg"] is not None and r["resource"]["mem_peak_gb"] > 0
+    assert r["cost"]["instance_hourly_usd"] == 0.08925 and r["cost"]["cost_per_1k_units_usd"] > 0
+    assert (
+        r["extra"]["corpus_size"]
+        == r["extra"]["corpus_breakdown"]["humaneval"] + r["extra"]["corpus_breakdown"]["mbpp_sanitized"]
+    )
+    assert r["extra"]["pass_rate"] >= 0.99, r["extra"]
     rollup = json.loads((run_dir / "B1_codeexec" / "rollup.json").read_text())
-    assert [x["concurrency"] for x in rollup["runs"]] == [1, 4]
+    assert [x["concurrency"] for x in rollup["runs"]] == [4]
 
     b3 = json.loads((run_dir / "B3_toolcall" / "c0004.json").read_text())
     assert b3["throughput"]["trajectories_per_sec"] > 0 and b3["latency_ms"]["errors"] == 0
@@ -141,7 +142,7 @@ def test_smoke_bench_writes_results_report_uploads_and_sizes_a_fleet(tmp_path: P
     assert abs(b7["throughput"]["total_episodes"] - 10 * requests) < 1
     assert 30 <= b7["extra"]["avg_steps_per_episode"] <= 50 and b7["extra"]["avg_reward_per_episode"] >= 1.0
 
-    b8 = json.loads((run_dir / "B8_coldstart" / "c0001.json").read_text())
+    b8 = json.loads((run_dir / "B8_coldstart" / "c0004.json").read_text())
     assert b8["throughput"]["total_starts"] == b8["extra"]["trials"] and b8["latency_ms"]["errors"] == 0
     cold = b8["extra"]["warm_pool_disabled"]
     assert cold["latency_ms"]["count"] == cold["trials"]

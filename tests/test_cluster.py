@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from sandboxd.api.e2b.names import node_tag
 from sandboxd.localnode import LocalRedis, NodeProcess
 
 pytestmark = pytest.mark.timeout(300)
@@ -232,15 +233,22 @@ def test_an_e2b_sandbox_is_served_through_any_node(nodes: list[NodeProcess], mon
     the one that does, streams included (a command's output as printed, a background command's start at once)."""
     from e2b import CommandExitException
     from e2b_code_interpreter import Sandbox
+    from e2b_code_interpreter import TimeoutException as CodeTimeout
 
     monkeypatch.setenv("E2B_API_KEY", KEY_E2B)
     monkeypatch.setenv("E2B_API_URL", nodes[0].url)
     monkeypatch.setenv("E2B_SANDBOX_URL", nodes[1].url)
     sbx = Sandbox.create(metadata={"run_id": "cluster-e2b"})
-    assert sbx.sandbox_id.endswith(".n1")  # made by the first node, its data plane reached through the second
+    # made by the first node (its id names n1, by a hash: one DNS label), its data plane reached through the second
+    assert sbx.sandbox_id.endswith("-" + node_tag("n1"))
     try:
         sbx.run_code("x = 20")
         assert sbx.run_code("x * 2").text == "40"
+        # a cell whose client stops waiting is interrupted on the owner, through the node in between
+        with pytest.raises(CodeTimeout):
+            sbx.run_code("import time\nwhile True: time.sleep(0.05)", timeout=1)
+        t0 = time.monotonic()
+        assert sbx.run_code("x").text == "20" and time.monotonic() - t0 < 10
         seen: list[float] = []
         done = sbx.commands.run(
             "for i in 1 2 3; do echo $i; sleep 0.3; done", on_stdout=lambda s: seen.append(time.monotonic())

@@ -85,6 +85,10 @@ MODES = {
         "drain.waitForSessions=true",
     ),
     "graviton": ("-f", str(CHART / "examples" / "graviton.yaml")),
+    "e2b-by-domain": (
+        *("--set", "e2bIngress.enabled=true", "--set", "e2bIngress.domain=sandboxes.example.com"),
+        *("--set", "e2bIngress.tls.secretName=wildcard-tls", "--set", "e2bIngress.className=nginx"),
+    ),
     "gpu-spare-cpus": ("-f", str(CHART / "examples" / "gpu-spare-cpus.yaml")),
 }
 
@@ -124,6 +128,13 @@ def test_rendered_manifests_are_valid_kubernetes(mode: str) -> None:
         ref = kinds["HorizontalPodAutoscaler"][0]["spec"]["scaleTargetRef"]
         assert (ref["kind"], ref["name"]) == (workload["kind"], workload["metadata"]["name"])
         assert "replicas" not in workload["spec"]  # the HPA owns it
+    for ingress in kinds.get("Ingress", []):  # E2B's addressing: every name under the domain, to the nodes
+        (rule,) = ingress["spec"]["rules"]
+        assert rule["host"] == "*.sandboxes.example.com" and ingress["spec"]["tls"][0]["hosts"] == [rule["host"]]
+        backend = rule["http"]["paths"][0]["backend"]["service"]
+        (svc,) = [s for s in node_services if s["metadata"]["name"] == backend["name"]]
+        assert "clusterIP" not in svc["spec"] and backend["port"]["name"] in {p["name"] for p in svc["spec"]["ports"]}
+    assert ("Ingress" in kinds) == (mode == "e2b-by-domain")
     for monitor in kinds.get("ServiceMonitor", []):
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
         wanted = monitor["spec"]["selector"]["matchLabels"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 from collections.abc import Iterator
 
@@ -300,6 +301,43 @@ def test_keys_and_tokens_open_only_their_own() -> None:
         assert sbx.run_code("'still mine'").text == "still mine"
     finally:
         sbx.kill()
+
+
+def test_a_sandbox_is_addressed_by_its_host_name_as_e2b_1x_does(node: str) -> None:
+    """``<port>-<sandbox id>.<domain>`` and no ``E2b-Sandbox-Id`` (e2b 1.x; any client behind an Ingress): the
+    host names the sandbox, for the front door's check and the route alike; its token opens only that one; a
+    call with no token at all says what is missing (e2b-code-interpreter 1.x sends none with run_code)."""
+    a, b = Sandbox.create(), Sandbox.create()
+
+    def call(path: str, host: str, token: str | None, **headers: str) -> httpx.Response:
+        sent = {"Host": host, **headers} | ({"X-Access-Token": token} if token else {})
+        return httpx.post(f"{node}{path}", json={"code": "6 * 7"}, headers=sent, timeout=30)
+
+    def results(r: httpx.Response) -> list[str]:
+        return [line["text"] for line in map(json.loads, r.text.splitlines()) if line.get("type") == "result"]
+
+    try:
+        ran = call("/execute", f"49999-{a.sandbox_id}.e2b.example", a._envd_access_token)
+        assert ran.status_code == 200 and results(ran) == ["42"], ran.text
+        up = httpx.get(
+            f"{node}/health",
+            headers={"Host": f"49983-{b.sandbox_id}.E2B.example:443", "X-Access-Token": b._envd_access_token or ""},
+        )
+        assert up.status_code == 204, up.text
+        wrong = call("/execute", f"49999-{b.sandbox_id}.e2b.example", a._envd_access_token)
+        assert wrong.status_code == 401 and wrong.json()["code"] == 401, wrong.text
+        bare = call("/execute", f"49999-{a.sandbox_id}.e2b.example", None)
+        assert bare.status_code == 401 and "no access token" in bare.json()["message"], bare.text
+        # the header, when sent (every 2.x SDK), is what names the sandbox
+        both = call(
+            "/execute", f"49999-{a.sandbox_id}.e2b.example", b._envd_access_token, **{"E2b-Sandbox-Id": b.sandbox_id}
+        )
+        assert both.status_code == 200 and results(both) == ["42"], both.text
+    finally:
+        a.kill()
+        b.kill()
+    ended = call("/execute", f"49999-{a.sandbox_id}.e2b.example", a._envd_access_token)
+    assert ended.status_code == 502 and "not found" in ended.json()["message"], ended.text
 
 
 def test_commands_run_stream_and_background_processes_are_killed() -> None:

@@ -6,6 +6,7 @@ process with only E2B's environment variables pointing at the node; the test say
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -16,12 +17,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import running_node
+from tests.tlsfront import TlsFront
 
 pytestmark = [pytest.mark.nsjail, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOWS = ROOT / "tests" / "e2b_sdk" / "sdk_flows.py"
 KEY = "e2b_" + "c3" * 20
+DOMAIN = "sandboxes.e2b.test"
 
 
 def pinned(name: str, constraints: Path) -> str:
@@ -42,21 +45,43 @@ def node() -> Iterator[str]:
         yield base
 
 
+# Reached by E2B_DOMAIN alone: what is left when E2B_API_URL/E2B_SANDBOX_URL go (deprecated from 2.60).
+BY_DOMAIN = "release_asked or create_connect or commands_files or ms_swift or contexts"
+
+
+@pytest.mark.parametrize("addressing", ["urls", "domain"])
 @pytest.mark.parametrize("release", list(RELEASES))
-def test_the_sdk_flows(node: str, release: str) -> None:
+def test_the_sdk_flows(node: str, release: str, addressing: str, tmp_path: Path) -> None:
+    """``urls``: every flow, the node named by E2B_API_URL and E2B_SANDBOX_URL. ``domain``: the main flows with
+    only ``E2B_DOMAIN`` set, as a self-hosted E2B is reached: ``https://api.<domain>`` and
+    ``https://<port>-<sandbox id>.<domain>``, through a TLS terminator holding a test CA's wildcard certificate
+    (``SSL_CERT_FILE``) and a proxy (``HTTPS_PROXY``) that stands in for wildcard DNS."""
     python, constraints = RELEASES[release]
     assert python.exists(), f"{python}: scripts/setup.sh --test installs it"
     expect = f"{pinned('e2b', constraints)}/{pinned('e2b-code-interpreter', constraints)}"
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "SANDBOXD_", "PYTEST_")) and k != "PYTHONPATH"
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("E2B_", "SANDBOXD_", "PYTEST_")) and k != "PYTHONPATH" and "proxy" not in k.lower()
     }
-    env.update(E2B_API_KEY=KEY, E2B_API_URL=node, E2B_SANDBOX_URL=node, E2B_EXPECT_VERSION=expect)
+    env.update(E2B_API_KEY=KEY, E2B_EXPECT_VERSION=expect)
     here = str(FLOWS.parent)  # nothing of the project's pytest set-up: the SDK's process is a user's program
     command = [str(python), "-m", "pytest", str(FLOWS), "-q", "-rf", "-p", "no:cacheprovider", "-c", "/dev/null"]
     command += ["--rootdir", here, "--confcutdir", here]
-    out = subprocess.run(command, cwd=FLOWS.parent, env=env, capture_output=True, text=True, timeout=540)
-    print(f"E2B SDK {release} (e2b/e2b-code-interpreter {expect}):\n{out.stdout[-4000:]}")
+    with contextlib.ExitStack() as stack:
+        if addressing == "urls":
+            env.update(E2B_API_URL=node, E2B_SANDBOX_URL=node)
+        else:
+            front = stack.enter_context(TlsFront(node, DOMAIN, tmp_path))
+            env.update(E2B_DOMAIN=DOMAIN, HTTPS_PROXY=front.url, SSL_CERT_FILE=str(front.ca))
+            command += ["-k", BY_DOMAIN]
+        out = subprocess.run(command, cwd=FLOWS.parent, env=env, capture_output=True, text=True, timeout=540)
+    print(f"E2B SDK {release} (e2b/e2b-code-interpreter {expect}), by {addressing}:\n{out.stdout[-4000:]}")
     assert out.returncode == 0, f"e2b {expect}:\n{out.stdout[-6000:]}\n{out.stderr[-2000:]}"
+    if addressing == "domain":  # every call went through the front, to the names E2B's addressing gives
+        assert "api." + DOMAIN in front.tunnels, front.tunnels
+        hosts = {name.split("-", 1)[0] for name in front.tunnels if name != "api." + DOMAIN}
+        assert hosts == {"49999", "49983"}, front.tunnels
 
 
 def test_the_javascript_sdk(node: str) -> None:

@@ -218,6 +218,8 @@ def test_headers_are_bounded_in_size(node: NodeProcess) -> None:
     ):
         answer, _ = raw(node, head.encode())
         assert status_of(answer) == 431 and b"headers_too_large" in answer, answer[:300]
+    answer, _ = raw(node, f"GET /v2/sandboxes HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n".encode())
+    assert status_of(answer) == 431 and b'{"code":431,' in answer, answer[:300]  # the E2B SDK's shape there
 
 
 def test_malformed_requests_get_a_clear_400(node: NodeProcess) -> None:

@@ -12,6 +12,7 @@ from nsjail.serializers.textproto import to_textproto
 from pydantic import ValidationError
 
 from sandboxd import errors
+from sandboxd.api.e2b.names import node_tag, sandbox_in_host, sandbox_name, session_of
 from sandboxd.board import Board
 from sandboxd.config import build_settings_model, load_settings
 from sandboxd.configdocs import render as render_config_docs
@@ -146,6 +147,28 @@ def test_placement_puts_heavy_kinds_in_the_first_workers_only() -> None:
 def test_configuration_docs_are_generated_from_the_models() -> None:
     doc = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
     assert doc == render_config_docs(), "run: .venv/bin/sandboxd config-docs > docs/configuration.md"
+
+
+def test_an_e2b_sandbox_id_is_one_dns_label_that_names_its_session_on_any_node() -> None:
+    """E2B reaches a sandbox at ``<port>-<id>.<domain>`` under a wildcard certificate: the id is one lowercase
+    label however the node is named, and it maps back to the session through the nodes a node knows."""
+    nodes = ["Node_1.Example.COM", "n2", "x" * 63]
+    for node in nodes:
+        for _ in range(50):
+            sid = new_session_id(node, 511, "0a1b2c")
+            name = sandbox_name(sid)
+            host = f"49999-{name}"
+            assert len(host) <= 63 and host == host.lower() and all(c.isalnum() or c == "-" for c in host)
+            assert session_of(name, nodes) == sid and session_of(name, ["elsewhere"]) is None
+            assert sandbox_in_host(f"{host}.e2b.example:443".encode()) == (b"49999", name.encode())
+            assert sandbox_in_host(f"{host.upper()}.E2B.example".encode()) == (b"49999", name.encode())
+    assert len({node_tag(n) for n in nodes}) == len(nodes)
+    for bogus in ("", "nope", "s_abc~0~0.n2", name.upper(), name + "-x", name.replace("-", "~"), "a" * 200):
+        assert session_of(bogus, nodes) is None
+    for host in ("api.e2b.example", "127.0.0.1:8080", "49999-abc", "-abc.d", "x49999-abc.d", "123456-abc.d"):
+        assert sandbox_in_host(host.encode()) is None, host
+    with pytest.raises(ValueError):
+        sandbox_name("s_NotBase32~0~0.n")
 
 
 async def test_a_workers_session_table_expires_and_keeps_tenants_apart() -> None:

@@ -95,6 +95,11 @@ class Auth:
         key = headers.get("x-api-key")
         if key is not None and headers.get("authorization") is None:
             return self.tenant_of_key(key)
+        if data_plane and key is None and headers.get("authorization") is None and self.enabled:
+            raise Unauthorized(
+                "this sandbox call carries no access token (X-Access-Token or E2B-Traffic-Access-Token): every "
+                "sandbox here is secure, and e2b-code-interpreter before 2.0 sends none with run_code (2.x does)"
+            )
         return self.tenant_of_header(headers.get("authorization") or "")
 
     def tenant_of_key(self, key: str) -> str:

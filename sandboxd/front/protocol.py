@@ -38,6 +38,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from sandboxd.answers import error_body
 from sandboxd.api.auth import Auth
+from sandboxd.api.e2b.names import sandbox_in_host
 from sandboxd.api.e2b.paths import is_data_plane, is_e2b
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.config import NodeSettings
@@ -301,7 +302,11 @@ class FrontProtocol(HttpToolsProtocol):
             return
         self._head_bytes += len(name) + len(value) + 4
         if self._head_bytes > self.max_header_bytes:
-            self._refuse(HeadersTooLarge(f"request line and headers over {self.max_header_bytes} bytes"))
+            try:  # the request line is whole by now: its surface's shape (the E2B SDK's under /v2, ...)
+                path = request_path(self.url)
+            except httptools.HttpParserInvalidURLError:
+                path = b""
+            self._refuse(HeadersTooLarge(f"request line and headers over {self.max_header_bytes} bytes"), path=path)
             return
         super().on_header(name, value)
 
@@ -323,6 +328,7 @@ class FrontProtocol(HttpToolsProtocol):
         e2b: dict[bytes, str] = {}
         forwarded_by = None
         length = None
+        host = b""
         for name, value in self.headers:
             if name == b"authorization":
                 if authorization is not None:  # which one counts would differ between layers: neither
@@ -336,11 +342,17 @@ class FrontProtocol(HttpToolsProtocol):
                 e2b[name] = value.decode("latin-1")
             elif name == FORWARDED_BY_B:
                 forwarded_by = value.decode("latin-1")
+            elif name == b"host":
+                host = value
             elif name == b"content-length":
                 try:
                     length = int(value)
                 except ValueError:
                     length = None
+        if host and b"e2b-sandbox-id" not in e2b and is_data_plane(path) and (named := sandbox_in_host(host)):
+            # E2B's addressing (e2b 1.x's only one): the sandbox is named by the host; every layer reads the header
+            self.headers.append((b"e2b-sandbox-id", named[1]))
+            e2b[b"e2b-sandbox-id"] = named[1].decode("latin-1")
         tenant = ""
         public = front.public(path)
         if not public or authorization is not None or e2b:

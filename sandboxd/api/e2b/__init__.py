@@ -39,6 +39,7 @@ from sandboxd.api.e2b.cells import execution_cell, ndjson, restart_cell, split_a
 from sandboxd.api.e2b.envd import CALL_TIMEOUT_S, MALFORMED, READ_CHUNK, Refused, SandboxCalls, connect_apps
 from sandboxd.api.e2b.kernels import language_of
 from sandboxd.api.e2b.labels import LANGUAGE_LABEL, OWN_PREFIX, PARENT_LABEL, TEMPLATE_LABEL
+from sandboxd.api.e2b.names import known_nodes, sandbox_name, session_of
 from sandboxd.api.e2b.paths import CONTROL_HEADS
 from sandboxd.api.surface import json_response, retry_headers, surface_router
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
@@ -215,10 +216,11 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     Sandbox = Annotated[tuple[str, str], Depends(sandbox_caller)]
 
     def described(info: SessionInfo, tenant: str, detail: bool = True) -> dict[str, Any]:
-        token = auth.access_token(tenant, info.session_id)
+        name = sandbox_name(info.session_id)
+        token = auth.access_token(tenant, name)
         body: dict[str, Any] = {
             "templateID": info.labels.get(TEMPLATE_LABEL, "base"),
-            "sandboxID": info.session_id,
+            "sandboxID": name,
             "clientID": info.node_id,
             "envdVersion": ENVD_VERSION,
             "envdAccessToken": token,
@@ -264,10 +266,17 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         except ValueError as exc:
             raise BadRequest(f"metadata: {exc}") from None
 
+    def session_named(name: str) -> str:
+        """The session an E2B sandbox id (a path's) names; an id not of this cluster is a sandbox not found."""
+        session_id = session_of(name, known_nodes(gateway))
+        if session_id is None:
+            raise UnknownSession(f"sandbox {name[:80]!r} not found")
+        return session_id
+
     async def sandbox_info(tenant: str, sandbox_id: str) -> SessionInfo:
         info = await gateway.session_info(sandbox_id, tenant)
         if TEMPLATE_LABEL not in info.labels:  # a session of the native API, or a context: not a sandbox
-            raise UnknownSession(f"sandbox {sandbox_id!r} not found", session_id=sandbox_id)
+            raise UnknownSession(f"sandbox {sandbox_name(sandbox_id)!r} not found", session_id=sandbox_id)
         return info
 
     # ------------------------------------------------------------------ control plane
@@ -304,7 +313,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     @control.get("/sandboxes/{sandbox_id}")
     async def get_sandbox(sandbox_id: str, tenant: Tenant) -> Response:
-        return json_response(described(await sandbox_info(tenant, sandbox_id), tenant))
+        return json_response(described(await sandbox_info(tenant, session_named(sandbox_id)), tenant))
 
     async def listing(tenant: str, request: Request) -> Response:
         query = request.query_params
@@ -347,6 +356,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     @control.delete("/sandboxes/{sandbox_id}", status_code=204)
     async def kill_sandbox(sandbox_id: str, tenant: Tenant) -> Response:
+        sandbox_id = session_named(sandbox_id)
         await sandbox_info(tenant, sandbox_id)
         await gateway.close_session(sandbox_id, tenant, "killed (E2B)")
         await gateway.select_sessions(tenant, {PARENT_LABEL: sandbox_id}, "close")
@@ -359,12 +369,12 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     @control.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
     async def set_timeout(sandbox_id: str, req: Timeout, tenant: Tenant) -> Response:
-        await ends_in(sandbox_id, tenant, req.timeout)
+        await ends_in(session_named(sandbox_id), tenant, req.timeout)
         return Response(status_code=204)
 
     @control.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
     async def refresh(sandbox_id: str, req: Refresh, tenant: Tenant) -> Response:
-        await ends_in(sandbox_id, tenant, req.duration)
+        await ends_in(session_named(sandbox_id), tenant, req.duration)
         return Response(status_code=204)
 
     async def connected(sandbox_id: str, tenant: str, timeout: int) -> Response:
@@ -377,25 +387,25 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
 
     @control.post("/sandboxes/{sandbox_id}/connect")
     async def connect_v1(sandbox_id: str, req: Timeout, tenant: Tenant) -> Response:
-        return await connected(sandbox_id, tenant, req.timeout)
+        return await connected(session_named(sandbox_id), tenant, req.timeout)
 
     @control.post("/v2/sandboxes/{sandbox_id}/connect")
     async def connect_v2(sandbox_id: str, tenant: Tenant, req: Connect | None = None) -> Response:
-        return await connected(sandbox_id, tenant, (req or Connect()).timeout)
+        return await connected(session_named(sandbox_id), tenant, (req or Connect()).timeout)
 
     @control.post("/sandboxes/{sandbox_id}/pause")
     async def pause(sandbox_id: str, tenant: Tenant) -> Response:
-        await sandbox_info(tenant, sandbox_id)
+        await sandbox_info(tenant, session_named(sandbox_id))
         raise NotServed("pause is not served: a sandbox here is a live process; extend it with set_timeout")
 
     @control.post("/sandboxes/{sandbox_id}/resume")
     async def resume(sandbox_id: str, tenant: Tenant) -> Response:
-        await sandbox_info(tenant, sandbox_id)
+        await sandbox_info(tenant, session_named(sandbox_id))
         raise NotServed("resume is not served: nothing here is ever paused")
 
     @control.post("/sandboxes/{sandbox_id}/fork")
     async def fork(sandbox_id: str, tenant: Tenant) -> Response:
-        await sandbox_info(tenant, sandbox_id)
+        await sandbox_info(tenant, session_named(sandbox_id))
         raise NotServed(
             "fork of an E2B sandbox is not served: its copies would share one /home/user (a python session's "
             "copies share its namespaces and each works in a directory of its own); native python sessions "

@@ -28,6 +28,7 @@ from sandboxd.api.auth import Auth
 from sandboxd.api.e2b.cells import module_cell, new_marker, split_answer
 from sandboxd.api.e2b.envd_driver import ENVD_DRIVER
 from sandboxd.api.e2b.labels import TEMPLATE_LABEL
+from sandboxd.api.e2b.names import known_nodes, session_of
 from sandboxd.api.e2b.proto import filesystem_pb as fs
 from sandboxd.api.e2b.proto import process_pb as pr
 from sandboxd.api.e2b.proto.filesystem_connect import Filesystem, FilesystemASGIApplication
@@ -91,18 +92,21 @@ class SandboxCalls:
         self.auth = auth
 
     async def caller(self, headers: Mapping[str, str]) -> tuple[str, str]:
-        """The tenant and sandbox of a data-plane call (the routes' and envd's): the sandbox's access token
-        (minted for sandboxes only), or a key, in which case the session it names must be one of the key's
-        sandboxes."""
+        """The tenant and sandbox (its session) of a data-plane call (the routes' and envd's): the sandbox's
+        access token (minted for sandboxes only, a MAC of the sandbox's E2B id), or a key, in which case the
+        session it names must be one of the key's sandboxes."""
         sandbox_id = headers.get("e2b-sandbox-id") or ""
         if not 0 < len(sandbox_id) <= MAX_ID:
             raise UnknownSession(f"sandbox {sandbox_id[:64]!r} not found")
         tenant = self.auth.tenant_of_e2b(headers, data_plane=True)
+        session_id = session_of(sandbox_id, known_nodes(self.gateway))
+        if session_id is None:
+            raise UnknownSession(f"sandbox {sandbox_id[:80]!r} not found")
         if headers.get("x-access-token") is None and headers.get("e2b-traffic-access-token") is None:
-            info = await self.gateway.session_info(sandbox_id, tenant)
+            info = await self.gateway.session_info(session_id, tenant)
             if TEMPLATE_LABEL not in info.labels:
-                raise UnknownSession(f"sandbox {sandbox_id!r} not found", session_id=sandbox_id)
-        return tenant, sandbox_id
+                raise UnknownSession(f"sandbox {sandbox_id!r} not found", session_id=session_id)
+        return tenant, session_id
 
     async def step(
         self, tenant: str, sandbox_id: str, action: dict[str, Any], timeout_s: float, key: str | None = None

@@ -9,11 +9,14 @@ which forwards session requests by itself.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sandboxd.api.e2b.names import known_nodes, session_of
 from sandboxd.api.e2b.paths import is_data_plane
 from sandboxd.cluster.forward import FORWARDED_BY
 from sandboxd.front.gateway import Gateway
@@ -57,7 +60,8 @@ class E2bForwarding:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         sandbox_id = headers.get(b"e2b-sandbox-id", b"").decode("latin-1")
-        owner = owner_of(sandbox_id)
+        session_id = session_of(sandbox_id, known_nodes(self.gateway))
+        owner = owner_of(session_id) if session_id else None
         cluster = self.gateway.cluster
         if not sandbox_id or owner in (None, cluster.node_id) or FORWARDED_BY.encode() in headers:
             return await self.app(scope, receive, send)
@@ -81,8 +85,21 @@ class E2bForwarding:
         query = scope.get("query_string", b"").decode("latin-1")
         target = f"{url.rstrip('/')}{scope['path']}" + (f"?{query}" if query else "")
         request = self.client.build_request(scope["method"], target, headers=passed, content=bytes(body))
+        sending = asyncio.ensure_future(self.client.send(request, stream=True))
+        gone = asyncio.ensure_future(_disconnected(receive))
         try:
-            response = await self.client.send(request, stream=True)
+            await asyncio.wait({sending, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not sending.done():
+            # The client left (its run_code timed out): the owner's connection closes too, and the owner
+            # interrupts the cell as it does for a client of its own.
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                await sending
+            return
+        try:
+            response = sending.result()
         except httpx.HTTPError as exc:
             return await _answer(send, 502, f"sandbox is not running: its node did not answer ({exc})".encode())
         try:
@@ -95,6 +112,12 @@ class E2bForwarding:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await response.aclose()
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns once the client has gone (the request's body was read whole before)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _answer(send: Send, status: int, text: bytes) -> None:
