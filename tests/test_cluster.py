@@ -256,6 +256,18 @@ def test_an_e2b_sandbox_is_served_through_any_node(nodes: list[NodeProcess], mon
         assert done.stdout == "1\n2\n3\n" and seen[-1] - seen[0] > 0.4
         sbx.files.write("/home/user/f.bin", bytes(range(256)) * 4096)
         assert bytes(sbx.files.read("/home/user/f.bin", format="bytes")) == bytes(range(256)) * 4096
+        # a hop only a peer makes: forged, it is refused, never answered as this node's own (it was a 500)
+        forged = httpx.post(
+            f"{nodes[1].url}/filesystem.Filesystem/ListDir",
+            json={"path": "/home/user"},
+            headers={
+                "E2b-Sandbox-Id": sbx.sandbox_id,
+                "X-Access-Token": sbx._envd_access_token or "",
+                "X-Sandboxd-Forwarded-By": "n3",
+                "Connect-Protocol-Version": "1",
+            },
+        )
+        assert forged.status_code == 502 and forged.json()["code"] == 502, forged.text
         server = sbx.commands.run("exec sleep 300", background=True)
         assert server.kill()
         with pytest.raises(CommandExitException):

@@ -225,7 +225,11 @@ def test_contexts_are_separate_interpreters_of_one_sandbox() -> None:
         assert sbx.run_code("y", context=ctx).text == "5"
         missing = sbx.run_code("y")
         assert missing.error is not None and missing.error.name == "NameError"
-        assert {c.id for c in sbx.list_code_contexts()} >= {ctx.id}
+        listed = [c.id for c in sbx.list_code_contexts()]
+        # ids as the sandbox's own: E2B ids (its default context is the sandbox's id, as before ids were labels)
+        assert listed[0] == sbx.sandbox_id and ctx.id in listed and not any("~" in c for c in listed), listed
+        default = next(c for c in sbx.list_code_contexts() if c.id == sbx.sandbox_id)
+        assert sbx.run_code("z = 1", context=default).error is None and sbx.run_code("z").text == "1"
         with pytest.raises(SandboxException, match="not served here"):
             sbx.run_code("1", language="r")
     finally:
@@ -337,7 +341,8 @@ def test_a_sandbox_is_addressed_by_its_host_name_as_e2b_1x_does(node: str) -> No
         a.kill()
         b.kill()
     ended = call("/execute", f"49999-{a.sandbox_id}.e2b.example", a._envd_access_token)
-    assert ended.status_code == 502 and "not found" in ended.json()["message"], ended.text
+    message = ended.json()["message"]  # the sandbox by its E2B id, never by the session id inside (its node)
+    assert ended.status_code == 502 and "not found" in message and a.sandbox_id in message and "~" not in message
 
 
 def test_commands_run_stream_and_background_processes_are_killed() -> None:

@@ -226,6 +226,9 @@ def test_malformed_requests_get_a_clear_400(node: NodeProcess) -> None:
     twice = f"GET /runners HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nAuthorization: Bearer {OTHER}\r\n\r\n"
     answer, _ = raw(node, twice.encode())
     assert status_of(answer) == 400 and b"more than one Authorization" in answer, answer[:300]
+    hosts = "POST /execute HTTP/1.1\r\nHost: 49999-a-0-0-aaaaaaaa.d\r\nHost: 49999-b-0-0-bbbbbbbb.d\r\n\r\n"
+    answer, _ = raw(node, hosts.encode())  # which one names the sandbox would differ between layers
+    assert status_of(answer) == 400 and b'"more than one Host header"' in answer, answer[:300]
 
 
 def test_a_refusal_waits_for_the_answer_before_it(node: NodeProcess) -> None:

@@ -343,6 +343,9 @@ class FrontProtocol(HttpToolsProtocol):
             elif name == FORWARDED_BY_B:
                 forwarded_by = value.decode("latin-1")
             elif name == b"host":
+                if host:  # RFC 9112: 400; the layers would disagree on which names the sandbox
+                    self._refuse(ClientError("more than one Host header"), path=path)
+                    return
                 host = value
             elif name == b"content-length":
                 try:

@@ -39,7 +39,7 @@ from sandboxd.api.e2b.cells import execution_cell, ndjson, restart_cell, split_a
 from sandboxd.api.e2b.envd import CALL_TIMEOUT_S, MALFORMED, READ_CHUNK, Refused, SandboxCalls, connect_apps
 from sandboxd.api.e2b.kernels import language_of
 from sandboxd.api.e2b.labels import LANGUAGE_LABEL, OWN_PREFIX, PARENT_LABEL, TEMPLATE_LABEL
-from sandboxd.api.e2b.names import known_nodes, sandbox_name, session_of
+from sandboxd.api.e2b.names import known_nodes, public_message, sandbox_name, session_of
 from sandboxd.api.e2b.paths import CONTROL_HEADS
 from sandboxd.api.surface import json_response, retry_headers, surface_router
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
@@ -160,7 +160,7 @@ def e2b_error(exc: SandboxdError) -> Response:
     headers = retry_headers(exc.retry_after_s) or {}
     if exc.retry_after_s is None and status >= 500:
         headers["Should-Retry"] = "false"
-    return json_response({"code": status, "message": exc.message}, status, headers)
+    return json_response({"code": status, "message": public_message(exc.message, exc.session_id)}, status, headers)
 
 
 def data_error(exc: SandboxdError) -> Response:
@@ -168,7 +168,7 @@ def data_error(exc: SandboxdError) -> Response:
     502, as E2B's proxy does for an ended sandbox; its message says the sandbox "was not found", the words SDK
     2.46 on read to raise ``SandboxNotRunningException`` (older ones raise a timeout)."""
     if isinstance(exc, GONE):
-        body = {"code": 502, "message": f"The sandbox was not found: {exc.message}"}
+        body = {"code": 502, "message": f"The sandbox was not found: {public_message(exc.message, exc.session_id)}"}
         return json_response(body, 502)
     return e2b_error(exc)
 
@@ -274,7 +274,11 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         return session_id
 
     async def sandbox_info(tenant: str, sandbox_id: str) -> SessionInfo:
-        info = await gateway.session_info(sandbox_id, tenant)
+        try:
+            info = await gateway.session_info(sandbox_id, tenant)
+        except SandboxdError as exc:
+            exc.session_id = exc.session_id or sandbox_id  # named by its E2B id to the caller
+            raise
         if TEMPLATE_LABEL not in info.labels:  # a session of the native API, or a context: not a sandbox
             raise UnknownSession(f"sandbox {sandbox_name(sandbox_id)!r} not found", session_id=sandbox_id)
         return info
@@ -419,16 +423,19 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         ``<sandbox>+javascript`` / ``+typescript`` / ``+bash`` / ``+java``: its kernels of those languages), or one
         made by ``POST /contexts``."""
         base, plus, language = (context_id or "").partition("+")
-        if not context_id or base == sandbox_id:
+        if not context_id or base in (sandbox_id, sandbox_name(sandbox_id)):
             await sandbox_info(tenant, sandbox_id)
             return sandbox_id, language_named(language) if plus else "python"
+        session_id = session_of(context_id, known_nodes(gateway))
+        if session_id is None:
+            raise NotFound(f"context {context_id[:80]!r} not found")
         try:
-            info = await gateway.session_info(context_id, tenant)
+            info = await gateway.session_info(session_id, tenant)
         except (UnknownSession, SessionLost, SessionClosed, SessionExpired) as exc:  # the sandbox is fine: a 404
-            raise NotFound(f"context {context_id!r} not found: {exc.message}") from None
+            raise NotFound(f"context {context_id!r} not found: {public_message(exc.message, session_id)}") from None
         if info.labels.get(PARENT_LABEL) != sandbox_id:
             raise NotFound(f"context {context_id!r} is not one of this sandbox's")
-        return context_id, info.labels.get(LANGUAGE_LABEL, "python")
+        return session_id, info.labels.get(LANGUAGE_LABEL, "python")
 
     def language_named(language: str | None) -> str:
         """A cell's language, as this node's kernels are named; 422 for one not served."""
@@ -486,20 +493,21 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         )
         info = await gateway.create_session(create, tenant)
         await settle(info.session_id, tenant, {})
-        return json_response({"id": info.session_id, "language": language, "cwd": HOME})
+        return json_response({"id": sandbox_name(info.session_id), "language": language, "cwd": HOME})
 
     @data.get("/contexts")
     async def list_contexts(caller: Sandbox) -> Response:
         tenant, sandbox_id = caller
         await sandbox_info(tenant, sandbox_id)
         extra = await gateway.select_sessions(tenant, {PARENT_LABEL: sandbox_id}, "list")
-        contexts = [{"id": sandbox_id, "language": "python", "cwd": HOME}]
+        name = sandbox_name(sandbox_id)
+        contexts = [{"id": name, "language": "python", "cwd": HOME}]
         contexts += [
-            {"id": f"{sandbox_id}+{name}", "language": name, "cwd": HOME}
-            for name in ("javascript", "typescript", "bash", "java")
+            {"id": f"{name}+{language}", "language": language, "cwd": HOME}
+            for language in ("javascript", "typescript", "bash", "java")
         ]
         contexts += [
-            {"id": s["session_id"], "language": s["labels"].get(LANGUAGE_LABEL, "python"), "cwd": HOME}
+            {"id": sandbox_name(s["session_id"]), "language": s["labels"].get(LANGUAGE_LABEL, "python"), "cwd": HOME}
             for s in extra["sessions"]
         ]
         return json_response(contexts)
@@ -507,10 +515,10 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     @data.delete("/contexts/{context_id}", status_code=204)
     async def remove_context(context_id: str, caller: Sandbox) -> Response:
         tenant, sandbox_id = caller
-        if context_id.partition("+")[0] == sandbox_id:
+        if context_id.partition("+")[0] in (sandbox_id, sandbox_name(sandbox_id)):
             raise BadRequest("the sandbox's default contexts end with it")
-        await context_of(tenant, sandbox_id, context_id)
-        await gateway.close_session(context_id, tenant)
+        session_id, _ = await context_of(tenant, sandbox_id, context_id)
+        await gateway.close_session(session_id, tenant)
         return Response(status_code=204)
 
     @data.post("/contexts/{context_id}/restart")

@@ -28,7 +28,7 @@ from sandboxd.api.auth import Auth
 from sandboxd.api.e2b.cells import module_cell, new_marker, split_answer
 from sandboxd.api.e2b.envd_driver import ENVD_DRIVER
 from sandboxd.api.e2b.labels import TEMPLATE_LABEL
-from sandboxd.api.e2b.names import known_nodes, session_of
+from sandboxd.api.e2b.names import known_nodes, public_message, session_of
 from sandboxd.api.e2b.proto import filesystem_pb as fs
 from sandboxd.api.e2b.proto import process_pb as pr
 from sandboxd.api.e2b.proto.filesystem_connect import Filesystem, FilesystemASGIApplication
@@ -124,6 +124,7 @@ class SandboxCalls:
                 pause = min(pause * 2, 0.1)
                 continue
             if refused is not None:
+                refused.session_id = refused.session_id or sandbox_id  # named by its E2B id to the caller
                 raise refused
             return result.model_dump()
 
@@ -159,10 +160,13 @@ def connect_error(exc: Exception) -> ConnectError:
     if isinstance(exc, Refused):
         return ConnectError(CONNECT_CODES.get(exc.kind, Code.INVALID_ARGUMENT), exc.message)
     if isinstance(exc, UnknownSession | SessionLost):
-        return ConnectError(Code.UNAVAILABLE, f"the sandbox is not running: {exc.message}")
+        return ConnectError(
+            Code.UNAVAILABLE, f"the sandbox is not running: {public_message(exc.message, exc.session_id)}"
+        )
     if isinstance(exc, SandboxdError):
         code = Code.RESOURCE_EXHAUSTED if exc.status == 429 else Code.UNAVAILABLE
-        return ConnectError(code if exc.blame != "client" else Code.INVALID_ARGUMENT, exc.message)
+        message = public_message(exc.message, exc.session_id)
+        return ConnectError(code if exc.blame != "client" else Code.INVALID_ARGUMENT, message)
     return ConnectError(Code.INTERNAL, f"internal error: {type(exc).__name__}")
 
 

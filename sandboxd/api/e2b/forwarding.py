@@ -14,6 +14,7 @@ import contextlib
 from typing import Any
 
 import httpx
+import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxd.api.e2b.names import known_nodes, session_of
@@ -63,11 +64,13 @@ class E2bForwarding:
         session_id = session_of(sandbox_id, known_nodes(self.gateway))
         owner = owner_of(session_id) if session_id else None
         cluster = self.gateway.cluster
-        if not sandbox_id or owner in (None, cluster.node_id) or FORWARDED_BY.encode() in headers:
+        if not sandbox_id or owner in (None, cluster.node_id):
             return await self.app(scope, receive, send)
+        if FORWARDED_BY.encode() in headers:  # a peer sends only what this node owns: a forged or stale hop
+            return await _answer(send, 502, f"The sandbox was not found on node {cluster.node_id}".encode())
         peer = cluster.registry.peers.get(owner) or cluster.registry.known.get(owner)
         if peer is None:
-            return await _answer(send, 502, b"sandbox is not running: its node is gone")
+            return await _answer(send, 502, f"The sandbox was not found: its node {owner} is gone".encode())
         await self._forward(scope, receive, send, peer.url, headers)
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, url: str, headers: dict[bytes, bytes]) -> None:
@@ -121,6 +124,12 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def _answer(send: Send, status: int, text: bytes) -> None:
-    start: Message = {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"text/plain")]}
+    """E2B's error shape (a Connect client reads the status alone)."""
+    body = orjson.dumps({"code": status, "message": text.decode()})
+    start: Message = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json")],
+    }
     await send(start)
-    await send({"type": "http.response.body", "body": text, "more_body": False})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

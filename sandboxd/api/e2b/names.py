@@ -16,8 +16,10 @@ import base64
 import functools
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Collection
 from typing import TYPE_CHECKING
+
+from sandboxd.ids import owner_of
 
 if TYPE_CHECKING:
     from sandboxd.front.gateway import Gateway
@@ -34,23 +36,31 @@ def node_tag(node_id: str) -> str:
 
 
 def sandbox_name(session_id: str) -> str:
-    """The E2B id of a sandbox that is the session ``session_id``. Every session the facade makes has one."""
+    """The E2B id of a sandbox that is the session ``session_id``. A session made before ids were DNS labels (a
+    node of an earlier release, in a cluster being upgraded) keeps its session id: reachable by URL, not by
+    domain."""
     match = SESSION.fullmatch(session_id)
     if match is None:
-        raise ValueError(f"session id {session_id!r} has no E2B name")
+        return session_id
     random, worker, incarnation, node = match.groups()
     return f"{random}-{worker}-{incarnation}-{node_tag(node)}"
 
 
-def session_of(name: str, nodes: Iterable[str]) -> str | None:
+def session_of(name: str, nodes: Collection[str]) -> str | None:
     """The session an E2B id names, if it is one of ours and its node is among ``nodes`` (else None: as unknown
-    to the caller as an id never issued)."""
+    to the caller as an id never issued). A session id itself (an earlier release's sandbox) names itself."""
     match = NAME.fullmatch(name)
     if match is None:
-        return None
+        return name if owner_of(name) in nodes else None
     random, worker, incarnation, tag = match.groups()
     node = next((n for n in nodes if node_tag(n) == tag), None)
     return None if node is None else f"s_{random}~{worker}~{incarnation}.{node}"
+
+
+def public_message(message: str, session_id: str | None) -> str:
+    """An error's message as the SDK's caller should read it: the sandbox (or context) by its E2B id, not by the
+    session id inside (which names the node)."""
+    return message.replace(session_id, sandbox_name(session_id)) if session_id else message
 
 
 def known_nodes(gateway: Gateway) -> list[str]:
