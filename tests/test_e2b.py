@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import time
 from collections.abc import Iterator
 
@@ -215,6 +216,20 @@ def test_what_a_red_team_did_to_cells_and_kernels() -> None:
         assert sbx.run_code("echo fine", language="bash").logs.stdout == ["fine\n"]
     finally:
         sbx.kill()
+
+
+def test_a_sandbox_killed_during_a_cell_drops_its_connection_as_e2bs_does() -> None:
+    """E2B's proxy drops the connection of a sandbox that ends mid-request; the SDK reads exactly that as "killed
+    while the request was in progress" (E2B's own test_killed.py), not as a timeout."""
+    sbx = Sandbox.create()
+    timer = threading.Timer(1.5, sbx.kill)
+    timer.start()
+    try:
+        with pytest.raises(CodeTimeout, match="killed while the request was in progress"):
+            sbx.run_code("import time; time.sleep(300)", timeout=300)
+    finally:
+        timer.cancel()
+    assert not sbx.is_running()
 
 
 def test_contexts_are_separate_interpreters_of_one_sandbox() -> None:

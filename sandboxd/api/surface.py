@@ -27,6 +27,22 @@ log = logging.getLogger("sandboxd.api")
 ErrorRenderer = Callable[[SandboxdError], Response]
 
 
+class DropConnection(Exception):
+    """Raised by an answer that has started: the connection closes without the rest of it. E2B's proxy drops the
+    connection of a sandbox that ends during a request, and the SDKs read exactly that as "the sandbox was
+    killed while the request was in progress"."""
+
+
+class Dropped(Response):
+    """An answer that starts and then drops its connection (``DropConnection``)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # no content-length (Response's would be 0, a complete answer): the client waits for a body that never comes
+        headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        raise DropConnection
+
+
 def json_response(data: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
 

@@ -40,6 +40,7 @@ from sandboxd.answers import error_body
 from sandboxd.api.auth import Auth
 from sandboxd.api.e2b.names import sandbox_in_host
 from sandboxd.api.e2b.paths import is_data_plane, is_e2b
+from sandboxd.api.surface import DropConnection
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.config import NodeSettings
 from sandboxd.errors import (
@@ -460,7 +461,19 @@ class FrontProtocol(HttpToolsProtocol):
             return
         if cycle.more_body and self._deadline is None:
             self._arm(self._front().settings.body_timeout_s)  # a pipelined request's turn: its body may come
-        super()._start_asgi_task(cycle, app)
+        super()._start_asgi_task(cycle, self._dropping(cycle, app))
+
+    def _dropping(self, cycle: Any, app: Any) -> Any:
+        """The app, for whom ``DropConnection`` closes the connection mid-answer, as a proxy in front would."""
+
+        async def run(scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await app(scope, receive, send)
+            except DropConnection:
+                cycle.disconnected = True  # uvicorn: an answer it need not finish, and nothing to log
+                self.transport.close()
+
+        return run
 
     # ------------------------------------------------------------------ hot routes
 

@@ -41,7 +41,7 @@ from sandboxd.api.e2b.kernels import language_of
 from sandboxd.api.e2b.labels import LANGUAGE_LABEL, OWN_PREFIX, PARENT_LABEL, TEMPLATE_LABEL
 from sandboxd.api.e2b.names import known_nodes, public_message, sandbox_name, session_of
 from sandboxd.api.e2b.paths import CONTROL_HEADS
-from sandboxd.api.surface import json_response, retry_headers, surface_router
+from sandboxd.api.surface import Dropped, json_response, retry_headers, surface_router
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.constants import SESSION_HOME
 from sandboxd.errors import (
@@ -468,6 +468,9 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
                     await gateway.interrupt_session(session_id, tenant, key)
                 await asyncio.wait({stepping}, timeout=INTERRUPT_AGAIN_S)
             result = stepping.result()
+        except GONE:
+            # The sandbox ended during the cell (killed, timed out): the connection drops, as E2B's does.
+            return Dropped(media_type="application/x-ndjson")
         finally:
             gone.cancel()
             stepping.cancel()

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxd.api.e2b.names import known_nodes, session_of
 from sandboxd.api.e2b.paths import is_data_plane
+from sandboxd.api.surface import DropConnection
 from sandboxd.cluster.forward import FORWARDED_BY
 from sandboxd.front.gateway import Gateway
 from sandboxd.ids import owner_of
@@ -110,8 +111,11 @@ class E2bForwarding:
                 (k.encode(), v.encode()) for k, v in response.headers.items() if k.lower() in RETURNED
             ]
             await send({"type": "http.response.start", "status": response.status_code, "headers": answer_headers})
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            try:
+                async for chunk in response.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.HTTPError:
+                raise DropConnection from None  # the owner dropped it (the sandbox ended): so does this node
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await response.aclose()
