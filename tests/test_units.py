@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import shutil
 import struct
+import subprocess
 from pathlib import Path
 
 import orjson
@@ -28,6 +31,43 @@ from sandboxd.runners.python.models import PythonAction
 from sandboxd.stores.idempotency import Idempotency, MemoryKV, Stored
 from sandboxd.worker.admission import Admission
 from sandboxd.worker.sessions import SessionRecord, SessionTable
+
+
+def test_every_syscall_number_is_libseccomps_on_both_architectures() -> None:
+    """Every number a filter or a raw ``syscall()`` uses (deny list, fork members' filter, capset, clone, openat2,
+    Landlock), on x86_64 and aarch64, is what libseccomp's resolver says; a denied call a table lacks does not
+    exist on that architecture (iopl and ioperm on aarch64)."""
+    from sandboxd.runners.python import snapshot
+    from sandboxd.runners.python.jailside import landlock, zygote
+
+    resolver = shutil.which("scmp_sys_resolver")
+    assert resolver, "scmp_sys_resolver: Debian's seccomp package, which scripts/setup.sh --test installs"
+    ours: list[tuple[str, str, int | None]] = []
+    for machine in ("x86_64", "aarch64"):
+        table = seccomp._TABLES[machine][1]
+        ours += [(machine, name, nr) for name, nr in table.items()]
+        ours += [(machine, name, None) for name in seccomp.DENIED if name not in table]
+        ours += [
+            (machine, "clone", zygote.SYS_CLONE[machine]),
+            (machine, "openat2", snapshot.SYS_OPENAT2),
+            (machine, "landlock_create_ruleset", landlock._SYS_CREATE_RULESET),
+            (machine, "landlock_add_rule", landlock._SYS_ADD_RULE),
+            (machine, "landlock_restrict_self", landlock._SYS_RESTRICT_SELF),
+        ]
+
+    def libseccomp(machine: str, name: str) -> int:
+        out = subprocess.run([resolver, "-a", machine, name], capture_output=True, text=True, timeout=30, check=True)
+        return int(out.stdout)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        theirs = list(pool.map(lambda c: libseccomp(c[0], c[1]), ours))
+    wrong = [
+        (m, name, nr, got)
+        for (m, name, nr), got in zip(ours, theirs, strict=True)
+        if (nr if nr is not None else -1) != (got if got >= 0 else -1)
+    ]
+    assert not wrong, wrong
+    assert len(ours) > 150
 
 
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])

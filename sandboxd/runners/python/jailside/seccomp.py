@@ -99,7 +99,8 @@ DENIED = [
     "sched_setaffinity",
 ]
 
-# (audit arch, syscall table); numbers from the kernel's uapi headers.
+# (audit arch, syscall table); numbers from the kernel's uapi headers, checked against libseccomp's resolver for
+# both architectures (tests/test_units.py). Every number a filter or a raw syscall() here uses is in these.
 _X86_64 = (
     0xC000003E,
     {
@@ -154,6 +155,37 @@ _X86_64 = (
         "clone3": 435,
         "socket": 41,
         "socketpair": 53,
+        # the members' filter (build_member_filter), and capset (drop_capabilities)
+        "shmget": 29,
+        "shmat": 30,
+        "shmctl": 31,
+        "semget": 64,
+        "semop": 65,
+        "semctl": 66,
+        "msgget": 68,
+        "msgsnd": 69,
+        "msgrcv": 70,
+        "msgctl": 71,
+        "semtimedop": 220,
+        "prlimit64": 302,
+        "getpriority": 140,
+        "setpriority": 141,
+        "sched_getaffinity": 204,
+        "sched_setparam": 142,
+        "sched_getparam": 143,
+        "sched_setscheduler": 144,
+        "sched_getscheduler": 145,
+        "sched_rr_get_interval": 148,
+        "sched_setattr": 314,
+        "sched_getattr": 315,
+        "ioprio_set": 251,
+        "ioprio_get": 252,
+        "migrate_pages": 256,
+        "move_pages": 279,
+        "kcmp": 312,
+        "pidfd_getfd": 438,
+        "process_madvise": 440,
+        "capset": 126,
     },
 )
 _AARCH64 = (
@@ -208,6 +240,36 @@ _AARCH64 = (
         "clone3": 435,
         "socket": 198,
         "socketpair": 199,
+        "shmget": 194,
+        "shmat": 196,
+        "shmctl": 195,
+        "semget": 190,
+        "semop": 193,
+        "semctl": 191,
+        "msgget": 186,
+        "msgsnd": 189,
+        "msgrcv": 188,
+        "msgctl": 187,
+        "semtimedop": 192,
+        "prlimit64": 261,
+        "getpriority": 141,
+        "setpriority": 140,
+        "sched_getaffinity": 123,
+        "sched_setparam": 118,
+        "sched_getparam": 121,
+        "sched_setscheduler": 119,
+        "sched_getscheduler": 120,
+        "sched_rr_get_interval": 127,
+        "sched_setattr": 274,
+        "sched_getattr": 275,
+        "ioprio_set": 30,
+        "ioprio_get": 31,
+        "migrate_pages": 238,
+        "move_pages": 239,
+        "kcmp": 272,
+        "pidfd_getfd": 438,
+        "process_madvise": 440,
+        "capset": 91,
     },
 )
 _TABLES = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}
@@ -259,62 +321,46 @@ def build_filter(machine: str | None = None) -> bytes:
 # by pid, or on every process of the user or group (priority, affinity, scheduling, rlimits, I/O priority).
 MEMBER_FAMILIES = (2, 10, 17)  # AF_INET, AF_INET6, AF_PACKET
 NETLINK, NETLINK_ROUTE = 16, 0
-_MEMBER_IPC = {
-    "x86_64": (29, 30, 31, 64, 65, 66, 68, 69, 70, 71, 220),
-    "aarch64": (194, 195, 196, 190, 191, 192, 193, 186, 187, 188, 189),
-}
+_MEMBER_IPC = (
+    "shmget",
+    "shmat",
+    "shmctl",
+    "semget",
+    "semop",
+    "semctl",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "semtimedop",
+)
 # call -> the (argument, value) pairs it must have: only this process, never another pid, group or user.
 _MEMBER_SELF_ONLY = {
-    "x86_64": {
-        302: ((0, 0),),  # prlimit64(pid)
-        140: ((0, 0), (1, 0)),  # getpriority(PRIO_PROCESS, 0)
-        141: ((0, 0), (1, 0)),  # setpriority
-        203: ((0, 0),),  # sched_setaffinity
-        204: ((0, 0),),  # sched_getaffinity
-        142: ((0, 0),),  # sched_setparam
-        143: ((0, 0),),  # sched_getparam
-        144: ((0, 0),),  # sched_setscheduler
-        145: ((0, 0),),  # sched_getscheduler
-        148: ((0, 0),),  # sched_rr_get_interval
-        314: ((0, 0),),  # sched_setattr
-        315: ((0, 0),),  # sched_getattr
-        251: ((0, 1), (1, 0)),  # ioprio_set(IOPRIO_WHO_PROCESS, 0)
-        252: ((0, 1), (1, 0)),  # ioprio_get
-        256: ((0, 0),),  # migrate_pages
-        279: ((0, 0),),  # move_pages
-        312: ((0, 0),),  # kcmp: never across processes
-        438: ((0, -1),),  # pidfd_getfd: never
-        440: ((0, -1),),  # process_madvise: never
-    },
-    "aarch64": {
-        261: ((0, 0),),
-        141: ((0, 0), (1, 0)),
-        140: ((0, 0), (1, 0)),
-        122: ((0, 0),),
-        123: ((0, 0),),
-        118: ((0, 0),),
-        121: ((0, 0),),
-        119: ((0, 0),),
-        120: ((0, 0),),
-        127: ((0, 0),),
-        274: ((0, 0),),
-        275: ((0, 0),),
-        30: ((0, 1), (1, 0)),
-        31: ((0, 1), (1, 0)),
-        238: ((0, 0),),
-        239: ((0, 0),),
-        272: ((0, 0),),
-        438: ((0, -1),),
-        440: ((0, -1),),
-    },
+    "prlimit64": ((0, 0),),  # prlimit64(pid)
+    "getpriority": ((0, 0), (1, 0)),  # getpriority(PRIO_PROCESS, 0)
+    "setpriority": ((0, 0), (1, 0)),
+    "sched_setaffinity": ((0, 0),),
+    "sched_getaffinity": ((0, 0),),
+    "sched_setparam": ((0, 0),),
+    "sched_getparam": ((0, 0),),
+    "sched_setscheduler": ((0, 0),),
+    "sched_getscheduler": ((0, 0),),
+    "sched_rr_get_interval": ((0, 0),),
+    "sched_setattr": ((0, 0),),
+    "sched_getattr": ((0, 0),),
+    "ioprio_set": ((0, 1), (1, 0)),  # ioprio_set(IOPRIO_WHO_PROCESS, 0)
+    "ioprio_get": ((0, 1), (1, 0)),
+    "migrate_pages": ((0, 0),),
+    "move_pages": ((0, 0),),
+    "kcmp": ((0, 0),),  # never across processes
+    "pidfd_getfd": ((0, -1),),  # never
+    "process_madvise": ((0, -1),),  # never
 }
-_ARCH_NAMES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 
 def build_member_filter(machine: str | None = None) -> bytes:
     """The filter a forked session's member adds to its source's: see ``_MEMBER_SELF_ONLY``."""
-    name = _ARCH_NAMES[(machine or platform.machine()).lower()]
-    arch, table = _TABLES[name]
+    arch, table = _TABLES[(machine or platform.machine()).lower()]
     eperm = _RET_ERRNO | errno.EPERM
     prog = [
         _insn(_LD_W_ABS, 0, 0, _OFF_ARCH),
@@ -322,8 +368,8 @@ def build_member_filter(machine: str | None = None) -> bytes:
         _insn(_RET_K, 0, 0, _RET_KILL_PROCESS),
         _insn(_LD_W_ABS, 0, 0, _OFF_NR),
     ]
-    for nr in _MEMBER_IPC[name]:
-        prog += [_insn(_JEQ_K, 0, 1, nr), _insn(_RET_K, 0, 0, eperm)]
+    for call in _MEMBER_IPC:
+        prog += [_insn(_JEQ_K, 0, 1, table[call]), _insn(_RET_K, 0, 0, eperm)]
     # socket(): refuse MEMBER_FAMILIES; netlink only for NETLINK_ROUTE (the others let user processes
     # message each other by port id, or list the namespace's sockets).
     prog += [
@@ -339,7 +385,7 @@ def build_member_filter(machine: str | None = None) -> bytes:
         _insn(_RET_K, 0, 0, _RET_ERRNO | errno.EACCES),
         _insn(_RET_K, 0, 0, _RET_ALLOW),
     ]
-    for nr, conds in _MEMBER_SELF_ONLY[name].items():
+    for call, conds in _MEMBER_SELF_ONLY.items():
         body: list[bytes] = []
         for i, (arg, value) in enumerate(conds):
             left = len(conds) - i - 1  # conditions after this one, two instructions each
@@ -348,7 +394,7 @@ def build_member_filter(machine: str | None = None) -> bytes:
                 _insn(_JEQ_K, 0, 2 * left + 1, value & 0xFFFFFFFF),
             ]
         body += [_insn(_RET_K, 0, 0, _RET_ALLOW), _insn(_RET_K, 0, 0, eperm)]
-        prog += [_insn(_JEQ_K, 0, len(body), nr), *body]
+        prog += [_insn(_JEQ_K, 0, len(body), table[call]), *body]
     prog += [_insn(_RET_K, 0, 0, _RET_ALLOW)]
     return b"".join(prog)
 
@@ -374,6 +420,5 @@ def drop_capabilities() -> None:
     """Clear every capability set: the child's own user namespace gave it all of them."""
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
     data = (ctypes.c_uint32 * 6)()
-    nr_capset = 126 if platform.machine() in ("x86_64", "amd64") else 91
-    if _libc.syscall(nr_capset, header, data) != 0:
+    if _libc.syscall(_TABLES[platform.machine().lower()][1]["capset"], header, data) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
