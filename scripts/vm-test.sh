@@ -82,13 +82,13 @@ fi
 # 2. The image, once per set of inputs.
 if [[ ! -f $IMAGE/root.img ]]; then
   log "building the $ARCH image (kernel $KERNEL) in $IMAGE"
-  rm -rf "$IMAGE" && mkdir -p "$IMAGE"
+  rm -rf "$CACHE/$ARCH-$KERNEL-"* && mkdir -p "$IMAGE"  # an image of other inputs is stale
   tree=$IMAGE/rootfs
   cp "$ROOT/scripts/setup.sh" "$IMAGE/setup.sh"
   t=$SECONDS
   mmdebstrap --variant=minbase --arch="$ARCH" --include="$BASE,$KPKG" \
     --customize-hook='cp "'"$IMAGE"'/setup.sh" "$1/tmp/setup.sh"' \
-    --customize-hook='chroot "$1" sh -c "apt-get install -y -qq --no-install-recommends $(bash /tmp/setup.sh --test --print-packages)"' \
+    --customize-hook='chroot "$1" bash -c "set -e; pkgs=\$(bash /tmp/setup.sh --test --print-packages); apt-get install -y -qq --no-install-recommends \$pkgs"' \
     --customize-hook='rm "$1/tmp/setup.sh"; echo sandboxd-vm > "$1/etc/hostname"' \
     --customize-hook='echo "nameserver 10.0.2.3" > "$1/etc/resolv.conf"' \
     --customize-hook='printf "[Match]\nName=en* eth*\n[Network]\nAddress=10.0.2.15/24\nGateway=10.0.2.2\nDNS=10.0.2.3\n" > "$1/etc/systemd/network/10-slirp.network"' \
