@@ -28,16 +28,22 @@ log() { printf '[setup] %s\n' "$*"; }
 case ${VERSION_CODENAME:-} in bookworm | bullseye) jdk=openjdk-17-jdk-headless ;; *) jdk=openjdk-21-jdk-headless ;; esac
 pkgs=(libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-core g++ "$jdk" golang-go rustc nodejs)
 [[ $MODE == test ]] && pkgs+=(redis-server seccomp)
-[[ -n $PRINT ]] && { echo "${pkgs[*]}"; exit 0; }
+# npm (the code runner's packages, E2B's JavaScript SDK) comes with nodejs from NodeSource, and Debian's would
+# conflict with it: installed below only where there is none, but part of a fresh Debian machine's list.
+[[ -n $PRINT ]] && { echo "${pkgs[*]} npm"; exit 0; }
+apt_updated=
+apt_install() {  # after one update: a fresh machine (an image whose lists were cleaned) has no package lists
+  export DEBIAN_FRONTEND=noninteractive
+  [[ -n $apt_updated ]] || { apt-get update -qq; apt_updated=1; }
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
 need_pkgs=()
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
 if ((${#need_pkgs[@]})); then
   log "installing Debian packages: ${need_pkgs[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+  apt_install "${need_pkgs[@]}"
 fi
 
 # 2. A Python >= 3.12, never through the pyenv shim (it refuses without PYENV_VERSION).
@@ -94,7 +100,7 @@ if [[ $MODE == test ]]; then
   # ... and E2B's JavaScript SDK, at the versions tests/e2b_js/package-lock.json holds (npm, the machine's node).
   js_hash=$(sha256sum tests/e2b_js/package-lock.json | cut -d' ' -f1)
   if [[ "$(cat tests/e2b_js/node_modules/.sandboxd-installed 2>/dev/null || true)" != "$js_hash" ]]; then
-    command -v npm >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq --no-install-recommends npm >/dev/null; }
+    command -v npm >/dev/null 2>&1 || apt_install npm
     log "installing E2B's JavaScript SDK into tests/e2b_js"
     npm ci --prefix tests/e2b_js --no-audit --no-fund --loglevel=error >/dev/null
     echo "$js_hash" > tests/e2b_js/node_modules/.sandboxd-installed
@@ -142,11 +148,11 @@ js_missing=()
 for spec in "${js_pkgs[@]}"; do
   name=${spec%@*}
   want=${spec##*@}
-  have=$(sed -n 's/^  "version": "\(.*\)",$/\1/p' "/usr/local/lib/node_modules/$name/package.json" 2>/dev/null || true)
+  have=$(sed -n '0,/^ *"version": "\(.*\)",$/s//\1/p' "/usr/local/lib/node_modules/$name/package.json" 2>/dev/null || true)
   [[ "$have" == "$want" ]] || js_missing+=("$spec")
 done
 if ((${#js_missing[@]})); then
-  command -v npm >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq --no-install-recommends npm >/dev/null; }
+  command -v npm >/dev/null 2>&1 || apt_install npm
   log "installing JavaScript packages for the code runner: ${js_missing[*]}"
   npm install --global --prefix /usr/local --no-audit --no-fund --loglevel=error "${js_missing[@]}" >/dev/null
 fi
