@@ -7,6 +7,7 @@ import concurrent.futures
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -19,6 +20,7 @@ from sandboxd.api.e2b.names import node_tag, public_message, sandbox_in_host, sa
 from sandboxd.board import Board
 from sandboxd.config import build_settings_model, load_settings
 from sandboxd.configdocs import render as render_config_docs
+from sandboxd.eager import eager_task_factory
 from sandboxd.ids import new_session_id, owner_of, worker_of
 from sandboxd.node.ledger import Entry, Ledger
 from sandboxd.registry import BUILTIN, kinds
@@ -182,6 +184,27 @@ def test_placement_puts_heavy_kinds_in_the_first_workers_only() -> None:
     assert all(kind.hosted_by(i, every) for i in range(8))
     two = kind.config(instances_per_node=2)
     assert [kind.hosted_by(i, two) for i in range(4)] == [True, True, False, False]
+
+
+async def test_tasks_start_eagerly_whatever_the_loop_passes_the_factory() -> None:
+    """uvloop on Python 3.13 calls the task factory with ``eager_start=None``; the stdlib's eager factory (before
+    3.14) refused that keyword, and every node process died at its first task (trixie's Python 3.13)."""
+    loop = asyncio.get_running_loop()
+    order: list[str] = []
+
+    async def child() -> None:
+        order.append("ran")
+
+    for kwargs in ({}, {"eager_start": None}, {"context": None, "eager_start": None}, {"name": "x"}):
+        task = eager_task_factory(loop, child(), **kwargs)
+        order.append("created")
+        await task
+    assert order == ["ran", "created"] * 4  # each ran inside create_task, up to its first wait
+    if sys.version_info < (3, 14):
+        coro = child()
+        with pytest.raises(TypeError, match="eager_start"):
+            asyncio.eager_task_factory(loop, coro, eager_start=None)  # type: ignore[call-arg]
+        coro.close()
 
 
 def test_configuration_docs_are_generated_from_the_models() -> None:

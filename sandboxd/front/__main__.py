@@ -23,6 +23,7 @@ import uvicorn
 
 from sandboxd.app import create_app
 from sandboxd.config import settings_model
+from sandboxd.eager import use_eager_tasks
 from sandboxd.serving import uvicorn_options
 from sandboxd.spawn import close_inherited
 
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     gateway.on_node_lost = lambda: setattr(server, "should_exit", True)
 
     async def run() -> None:
-        asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
+        use_eager_tasks()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)  # the node drives shutdown
         await server.serve(sockets=[sock])

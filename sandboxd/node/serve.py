@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from sandboxd.config import NodeSettings
+from sandboxd.eager import use_eager_tasks
 from sandboxd.metrics import MULTIPROC_ENV
 from sandboxd.node.core import NodeCore, node_socket
 from sandboxd.node.probes import serve_probes
@@ -123,7 +124,7 @@ class Fronts:
 async def run_node(settings: NodeSettings, with_fronts: bool, on_ready: asyncio.Event | None = None) -> None:
     """The node process until a signal (or its parent's death) ends it, drained first."""
     loop = asyncio.get_running_loop()
-    loop.set_task_factory(asyncio.eager_task_factory)
+    use_eager_tasks()
     sock = listen(settings) if with_fronts else None
     if sock is not None and settings.port == 0:
         settings.port = sock.getsockname()[1]

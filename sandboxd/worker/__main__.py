@@ -20,6 +20,7 @@ from pathlib import Path
 from sandboxd import links
 from sandboxd.board import Board
 from sandboxd.config import settings_model
+from sandboxd.eager import use_eager_tasks
 from sandboxd.links import Channel
 from sandboxd.node.workers import worker_socket
 from sandboxd.spawn import close_inherited
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parent = os.getppid()
 
     async def run() -> None:
-        asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
+        use_eager_tasks()
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
 

@@ -35,15 +35,21 @@ stage doctor
 
 smoke_failed=0
 stage "smoke: a node, python fork on kernel $(uname -r), clean shutdown"
-SANDBOXD_RUNNERS='["python"]' SANDBOXD_PORT=8090 .venv/bin/sandboxd serve > /tmp/serve.log 2>&1 &
+SANDBOXD_RUNNERS='["python"]' SANDBOXD_PORT=8090 .venv/bin/sandboxd serve > "$SHARE/serve.log" 2>&1 &
 node=$!
-for _ in $(seq 600); do curl -sf localhost:8090/readyz > /dev/null && break; sleep 1; done
-curl -s localhost:8090/rollout/step -H 'content-type: application/json' \
+t=$SECONDS
+until curl -sf -m 10 localhost:8090/readyz > /dev/null; do
+  kill -0 $node 2> /dev/null || { echo "SMOKE FAILED: the node died"; tail -30 "$SHARE/serve.log"; break; }
+  ((SECONDS - t < 900)) || { echo "SMOKE FAILED: not ready in 900s"; break; }
+  sleep 2
+done
+echo "ready after $((SECONDS - t))s: $(curl -s -m 10 localhost:8090/readyz | head -c 300)"
+curl -s -m 120 localhost:8090/rollout/step -H 'content-type: application/json' \
   -d '{"runner":"python","action":{"code":"import numpy; print(numpy.arange(4).sum())"}}'
 echo
-sid=$(curl -s localhost:8090/sessions -H 'content-type: application/json' -d '{"runner":"python"}' |
+sid=$(curl -s -m 120 localhost:8090/sessions -H 'content-type: application/json' -d '{"runner":"python"}' |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["session_id"])')
-fork=$(curl -s -o /tmp/fork.json -w '%{http_code}' "localhost:8090/sessions/$sid/fork" \
+fork=$(curl -s -m 300 -o /tmp/fork.json -w '%{http_code}' "localhost:8090/sessions/$sid/fork" \
   -H 'content-type: application/json' -d '{"n":2}')
 echo "fork: HTTP $fork $(head -c 400 /tmp/fork.json)"
 abi=$(python3 -c 'import ctypes; print(ctypes.CDLL(None, use_errno=True).syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))')
@@ -58,7 +64,7 @@ wait $node
 left=$(find /sys/fs/cgroup -type d -name 'sandboxd*' | grep -v "$(cut -d: -f3 /proc/self/cgroup)$" || true)
 echo "cgroups left after SIGTERM: ${left:-none}"
 [[ -z $left ]] || { echo "SMOKE FAILED: cgroups left"; smoke_failed=1; }
-tail -5 /tmp/serve.log
+tail -5 "$SHARE/serve.log"
 
 stage "pytest ${TESTS[*]}"
 t=$SECONDS
