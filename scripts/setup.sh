@@ -25,7 +25,8 @@ log() { printf '[setup] %s\n' "$*"; }
 #    checks the syscall tables (tests only).
 #    Java: the JDK the distribution carries (bookworm: 17; trixie: 21, and no 17).
 . /etc/os-release
-case ${VERSION_CODENAME:-} in bookworm | bullseye) jdk=openjdk-17-jdk-headless ;; *) jdk=openjdk-21-jdk-headless ;; esac
+# SANDBOXD_DEBIAN: another release's list (--print-packages for an image of that release)
+case ${SANDBOXD_DEBIAN:-${VERSION_CODENAME:-}} in bookworm | bullseye) jdk=openjdk-17-jdk-headless ;; *) jdk=openjdk-21-jdk-headless ;; esac
 pkgs=(libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-core g++ "$jdk" golang-go rustc nodejs)
 [[ $MODE == test ]] && pkgs+=(redis-server seccomp)
 # npm (the code runner's packages, E2B's JavaScript SDK) comes with nodejs from NodeSource, and Debian's would
