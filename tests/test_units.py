@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -20,7 +21,7 @@ from sandboxd.api.e2b.names import node_tag, public_message, sandbox_in_host, sa
 from sandboxd.board import Board
 from sandboxd.config import build_settings_model, load_settings
 from sandboxd.configdocs import render as render_config_docs
-from sandboxd.eager import eager_task_factory
+from sandboxd.eager import use_eager_tasks
 from sandboxd.ids import new_session_id, owner_of, worker_of
 from sandboxd.node.ledger import Entry, Ledger
 from sandboxd.registry import BUILTIN, kinds
@@ -186,25 +187,40 @@ def test_placement_puts_heavy_kinds_in_the_first_workers_only() -> None:
     assert [kind.hosted_by(i, two) for i in range(4)] == [True, True, False, False]
 
 
-async def test_tasks_start_eagerly_whatever_the_loop_passes_the_factory() -> None:
-    """uvloop on Python 3.13 calls the task factory with ``eager_start=None``; the stdlib's eager factory (before
-    3.14) refused that keyword, and every node process died at its first task (trixie's Python 3.13)."""
+async def test_tasks_start_eagerly_where_the_loop_can_and_lazily_where_it_cannot() -> None:
+    """The standard library's eager factory (anyio starts its own children lazily only under that one), unless
+    the loop calls factories as uvloop does on Python 3.13, with ``eager_start``: the 3.13 factory refused it,
+    and every node process died at its first task."""
     loop = asyncio.get_running_loop()
     order: list[str] = []
 
     async def child() -> None:
         order.append("ran")
 
-    for kwargs in ({}, {"eager_start": None}, {"context": None, "eager_start": None}, {"name": "x"}):
-        task = eager_task_factory(loop, child(), **kwargs)
+    try:
+        assert use_eager_tasks() is True and loop.get_task_factory() is asyncio.eager_task_factory
+        task = asyncio.create_task(child())
         order.append("created")
         await task
-    assert order == ["ran", "created"] * 4  # each ran inside create_task, up to its first wait
+        assert order == ["ran", "created"]  # it ran inside create_task, up to its first wait
+    finally:
+        loop.set_task_factory(None)
+
+    class AsUvloopOn313:
+        factory: Any = None
+
+        def set_task_factory(self, factory: Any) -> None:
+            self.factory = factory
+
+        def create_task(self, coro: Any) -> Any:
+            if self.factory is None:
+                coro.close()
+                return None
+            return self.factory(self, coro, context=None, eager_start=None)
+
+    stub = AsUvloopOn313()
     if sys.version_info < (3, 14):
-        coro = child()
-        with pytest.raises(TypeError, match="eager_start"):
-            asyncio.eager_task_factory(loop, coro, eager_start=None)  # type: ignore[call-arg]
-        coro.close()
+        assert use_eager_tasks(stub) is False and stub.factory is None  # type: ignore[arg-type]
 
 
 def test_configuration_docs_are_generated_from_the_models() -> None:
