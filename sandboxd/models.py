@@ -90,7 +90,7 @@ class StepResult(BaseModel):
         """
         if self.error is None or self.error.blame == "program":
             return None
-        return from_dict(self.error.model_dump() | {"worker": self.worker})
+        return from_dict(self.error.model_dump() | {"worker": self.worker, "session_id": self.session_id})
 
 
 class BatchResult(BaseModel):
@@ -136,7 +136,9 @@ class SessionCreate(BaseModel):
 
 
 class SessionInfo(BaseModel):
-    session_id: str = Field(..., description="s_<random>.<node_id>: the node that owns it is part of the id.")
+    session_id: str = Field(
+        ..., description="s_<random>~<worker>~<incarnation>.<node_id>: the node that owns it is part of the id."
+    )
     runner: str
     node_id: str
     worker: int

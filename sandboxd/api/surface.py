@@ -43,6 +43,13 @@ class Dropped(Response):
         raise DropConnection
 
 
+async def until_disconnected(receive: Any) -> None:
+    """Returns once the client has gone (call it after the request's body was read whole: what ``receive``
+    gives then is the disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 def json_response(data: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
 

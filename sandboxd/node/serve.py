@@ -124,7 +124,7 @@ class Fronts:
 async def run_node(settings: NodeSettings, with_fronts: bool, on_ready: asyncio.Event | None = None) -> None:
     """The node process until a signal (or its parent's death) ends it, drained first."""
     loop = asyncio.get_running_loop()
-    use_eager_tasks()
+    use_eager_tasks(loop)
     sock = listen(settings) if with_fronts else None
     if sock is not None and settings.port == 0:
         settings.port = sock.getsockname()[1]

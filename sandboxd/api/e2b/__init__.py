@@ -35,13 +35,14 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from sandboxd.api.auth import Auth
+from sandboxd.api.e2b import names
 from sandboxd.api.e2b.cells import execution_cell, ndjson, restart_cell, split_answer
 from sandboxd.api.e2b.envd import CALL_TIMEOUT_S, MALFORMED, READ_CHUNK, Refused, SandboxCalls, connect_apps
 from sandboxd.api.e2b.kernels import language_of
 from sandboxd.api.e2b.labels import LANGUAGE_LABEL, OWN_PREFIX, PARENT_LABEL, TEMPLATE_LABEL
 from sandboxd.api.e2b.names import known_nodes, public_message, sandbox_name, session_of
 from sandboxd.api.e2b.paths import CONTROL_HEADS
-from sandboxd.api.surface import Dropped, json_response, retry_headers, surface_router
+from sandboxd.api.surface import Dropped, json_response, retry_headers, surface_router, until_disconnected
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.constants import SESSION_HOME
 from sandboxd.errors import (
@@ -173,12 +174,6 @@ def data_error(exc: SandboxdError) -> Response:
     return e2b_error(exc)
 
 
-async def disconnected(request: Request) -> None:
-    """Returns once the client has gone (its body was read: what ``receive`` gives now is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 def _digest(key: str) -> str:
     """A client's key as the node keeps it: any length the client sent, one length kept."""
     return hashlib.sha256(key.encode()).hexdigest()
@@ -267,11 +262,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             raise BadRequest(f"metadata: {exc}") from None
 
     def session_named(name: str) -> str:
-        """The session an E2B sandbox id (a path's) names; an id not of this cluster is a sandbox not found."""
-        session_id = session_of(name, known_nodes(gateway))
-        if session_id is None:
-            raise UnknownSession(f"sandbox {name[:80]!r} not found")
-        return session_id
+        return names.session_named(gateway, name)
 
     async def sandbox_info(tenant: str, sandbox_id: str) -> SessionInfo:
         try:
@@ -460,7 +451,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         key = secrets.token_hex(16)  # this cell's name: an interrupt reaches it, never another caller's
         limit = gateway.settings.max_timeout_s
         stepping = asyncio.ensure_future(calls.step(tenant, session_id, {"code": cell}, limit, key))
-        gone = asyncio.ensure_future(disconnected(request))
+        gone = asyncio.ensure_future(until_disconnected(request.receive))
         try:
             await asyncio.wait({stepping, gone}, return_when=asyncio.FIRST_COMPLETED)
             while not stepping.done():  # nobody reads the answer now; the cell may still be queued behind another

@@ -28,7 +28,7 @@ from sandboxd.api.auth import Auth
 from sandboxd.api.e2b.cells import module_cell, new_marker, split_answer
 from sandboxd.api.e2b.envd_driver import ENVD_DRIVER
 from sandboxd.api.e2b.labels import TEMPLATE_LABEL
-from sandboxd.api.e2b.names import known_nodes, public_message, session_of
+from sandboxd.api.e2b.names import public_message, session_named
 from sandboxd.api.e2b.proto import filesystem_pb as fs
 from sandboxd.api.e2b.proto import process_pb as pr
 from sandboxd.api.e2b.proto.filesystem_connect import Filesystem, FilesystemASGIApplication
@@ -99,9 +99,7 @@ class SandboxCalls:
         if not 0 < len(sandbox_id) <= MAX_ID:
             raise UnknownSession(f"sandbox {sandbox_id[:64]!r} not found")
         tenant = self.auth.tenant_of_e2b(headers, data_plane=True)
-        session_id = session_of(sandbox_id, known_nodes(self.gateway))
-        if session_id is None:
-            raise UnknownSession(f"sandbox {sandbox_id[:80]!r} not found")
+        session_id = session_named(self.gateway, sandbox_id)
         if headers.get("x-access-token") is None and headers.get("e2b-traffic-access-token") is None:
             info = await self.gateway.session_info(session_id, tenant)
             if TEMPLATE_LABEL not in info.labels:
@@ -124,7 +122,6 @@ class SandboxCalls:
                 pause = min(pause * 2, 0.1)
                 continue
             if refused is not None:
-                refused.session_id = refused.session_id or sandbox_id  # named by its E2B id to the caller
                 raise refused
             return result.model_dump()
 

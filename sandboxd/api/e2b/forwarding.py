@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxd.api.e2b.names import known_nodes, session_of
 from sandboxd.api.e2b.paths import is_data_plane
-from sandboxd.api.surface import DropConnection
+from sandboxd.api.surface import DropConnection, until_disconnected
 from sandboxd.cluster.forward import FORWARDED_BY
 from sandboxd.front.gateway import Gateway
 from sandboxd.ids import owner_of
@@ -90,7 +90,7 @@ class E2bForwarding:
         target = f"{url.rstrip('/')}{scope['path']}" + (f"?{query}" if query else "")
         request = self.client.build_request(scope["method"], target, headers=passed, content=bytes(body))
         sending = asyncio.ensure_future(self.client.send(request, stream=True))
-        gone = asyncio.ensure_future(_disconnected(receive))
+        gone = asyncio.ensure_future(until_disconnected(receive))
         try:
             await asyncio.wait({sending, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -119,12 +119,6 @@ class E2bForwarding:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await response.aclose()
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Returns once the client has gone (the request's body was read whole before)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _answer(send: Send, status: int, text: bytes) -> None:

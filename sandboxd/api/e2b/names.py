@@ -19,6 +19,7 @@ import re
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
+from sandboxd.errors import UnknownSession
 from sandboxd.ids import owner_of
 
 if TYPE_CHECKING:
@@ -55,6 +56,14 @@ def session_of(name: str, nodes: Collection[str]) -> str | None:
     random, worker, incarnation, tag = match.groups()
     node = next((n for n in nodes if node_tag(n) == tag), None)
     return None if node is None else f"s_{random}~{worker}~{incarnation}.{node}"
+
+
+def session_named(gateway: Gateway, name: str) -> str:
+    """The session an E2B id names, among the nodes ``gateway`` knows; a sandbox not found otherwise."""
+    session_id = session_of(name, known_nodes(gateway))
+    if session_id is None:
+        raise UnknownSession(f"sandbox {name[:80]!r} not found")
+    return session_id
 
 
 def public_message(message: str, session_id: str | None) -> str:
