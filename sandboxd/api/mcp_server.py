@@ -21,13 +21,15 @@ else" from "the sandbox failed".
 """
 
 import contextlib
+import copy
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import WithJsonSchema
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -227,20 +229,12 @@ class McpSurface:
         for spec in openai_tools():
             fn = spec["function"]
             name = fn["name"]
-            handler = self._retail_handler(name)
+            handler = self._retail_handler(name, fn["parameters"])
             self.server.add_tool(handler, name=f"retail_{name}", description=fn["description"])
-            tool = self.server._tool_manager.get_tool(f"retail_{name}")
-            assert tool is not None
-            tool.parameters = {
-                "type": "object",
-                "properties": {
-                    "args": fn["parameters"],
-                    "session_id": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
-                },
-                "required": ["args"],
-            }
 
-    def _retail_handler(self, name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
+    def _retail_handler(self, name: str, schema: dict[str, Any]) -> Callable[..., Awaitable[dict[str, Any]]]:
+        """The tool's function; ``args`` carries the tool's own JSON schema in its annotation, which is how the
+        SDK's public API lets a tool advertise a schema it cannot derive from a Python type."""
         step = self._step
 
         async def call(
@@ -249,4 +243,5 @@ class McpSurface:
             result: dict[str, Any] = await step(ctx, "tools", {"tool": name, "args": args}, session_id, None)
             return result
 
+        call.__annotations__["args"] = Annotated[dict[str, Any], WithJsonSchema(copy.deepcopy(schema))]
         return call
