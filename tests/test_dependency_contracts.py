@@ -18,6 +18,7 @@ import re
 import socket
 import tomllib
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from packaging.requirements import Requirement
@@ -33,7 +34,7 @@ def _installed(name: str) -> Version:
     return Version(version(name))
 
 
-def _fail(what: str) -> None:
+def _fail(what: str) -> NoReturn:
     pytest.fail(
         f"uvicorn {_installed('uvicorn')} changed {what}, which {USED_BY} relies on: read this release's "
         "uvicorn/protocols/http/httptools_impl.py and adapt the front door before allowing it in pyproject.toml"
