@@ -8,11 +8,13 @@
 #
 #   vm-test: amd64 kernel 6.12.57+deb13-amd64 cgroup2: 41 passed, 0 failed, 0 skipped
 #
-#   bash scripts/vm-test.sh [--arch amd64|arm64] [--kernel 6.12|6.1] [--tests "pytest args"] [--plan]
+#   bash scripts/vm-test.sh [--arch amd64|arm64] [--kernel 6.12|6.1] [--tests "pytest args" | smoke] [--plan]
 #
 # The guest userland is trixie (Python 3.13) for both kernels; 6.1 is bookworm's kernel in it. The Debian
 # packages setup.sh would install are baked into the image (apt at the host's speed); the rest of the set-up
 # runs in the guest every time, from nothing but the image (its disk is a snapshot: each run starts clean).
+# The smoke checks (doctor, a step of every kind, python fork or its refusal, a clean stop) always run and
+# count; `--tests smoke` runs them alone, after the set-up without the tests' extras (for a slow guest).
 # Only software emulation works on machines without hardware virtualisation: an amd64 guest runs ~6-10x
 # slower than the host, an arm64 one ~16-30x. --plan prints what would be done and stops.
 set -euo pipefail
@@ -46,21 +48,17 @@ DEFAULT_TESTS=(
 )
 [[ $KERNEL == 6.12 ]] && DEFAULT_TESTS+=(tests/test_python_fork.py)
 if [[ $TESTS == default ]]; then tests=("${DEFAULT_TESTS[@]}"); else read -r -a tests <<< "$TESTS"; fi
+((${#tests[@]})) || { echo "vm-test: --tests names no test (\"smoke\" for the smoke checks alone)" >&2; exit 2; }
 
-MIRROR=${SANDBOXD_VM_MIRROR:-http://deb.debian.org/debian}
 CACHE=${SANDBOXD_VM_CACHE:-/var/tmp/sandboxd-vm}
 case $ARCH in amd64) QEMU=qemu-system-x86_64 QPKG=qemu-system-x86 ;; arm64) QEMU=qemu-system-aarch64 QPKG=qemu-system-arm ;; esac
-case $KERNEL in 6.12) KPKG=linux-image-$ARCH SOURCES=("deb $MIRROR trixie main") ;;
-  6.1) KPKG=linux-image-$ARCH/bookworm SOURCES=("deb $MIRROR trixie main" "deb $MIRROR bookworm main") ;;
-esac
-BASE=systemd-sysv,udev,kmod,initramfs-tools,python3,python3-venv,python3-dev,iproute2,ca-certificates,curl,git,procps,psmisc
-# The image's inputs: this script, the guest's unit, and setup.sh (its package list); the tree itself is not
-# one (it is cloned at every run).
-KEY=$(cat "$0" "$ROOT/scripts/vm/sandboxd-vm-test.service" "$ROOT/scripts/setup.sh" <(echo "$ARCH $KERNEL $MIRROR") |
-  sha256sum | cut -c1-16)
+# The image's inputs: its recipe, the guest's unit, and setup.sh (its package list); the tree itself is not
+# one (it is cloned at every run), nor is this script.
+KEY=$(cat "$ROOT/scripts/vm/image.sh" "$ROOT/scripts/vm/sandboxd-vm-test.service" "$ROOT/scripts/setup.sh" \
+  <(echo "$ARCH $KERNEL ${SANDBOXD_VM_MIRROR:-}") | sha256sum | cut -c1-16)
 IMAGE=$CACHE/$ARCH-$KERNEL-$KEY
 if [[ -n $PLAN ]]; then
-  echo "image: $IMAGE ($([[ -f $IMAGE/root.img ]] && echo cached || echo "to build"): trixie, $KPKG)"
+  echo "image: $IMAGE ($([[ -f $IMAGE/root.img ]] && echo cached || echo "to build"): $(bash "$ROOT/scripts/vm/image.sh" "$ARCH" "$KERNEL" --describe))"
   echo "boot: $QEMU, cgroup v2 only (systemd.unified_cgroup_hierarchy=1)"
   echo "tree: $(git -C "$ROOT" log --oneline -1)"
   echo "tests: ${tests[*]}"
@@ -82,24 +80,9 @@ fi
 # 2. The image, once per set of inputs.
 if [[ ! -f $IMAGE/root.img ]]; then
   log "building the $ARCH image (kernel $KERNEL) in $IMAGE"
-  rm -rf "$CACHE/$ARCH-$KERNEL-"* && mkdir -p "$IMAGE"  # an image of other inputs is stale
-  tree=$IMAGE/rootfs
-  cp "$ROOT/scripts/setup.sh" "$IMAGE/setup.sh"
+  rm -rf "$CACHE/$ARCH-$KERNEL-"*  # an image of other inputs is stale
   t=$SECONDS
-  mmdebstrap --variant=minbase --arch="$ARCH" --include="$BASE,$KPKG" \
-    --customize-hook='cp "'"$IMAGE"'/setup.sh" "$1/tmp/setup.sh"' \
-    --customize-hook='chroot "$1" bash -c "set -e; pkgs=\$(bash /tmp/setup.sh --test --print-packages); apt-get install -y -qq --no-install-recommends \$pkgs"' \
-    --customize-hook='rm "$1/tmp/setup.sh"; echo sandboxd-vm > "$1/etc/hostname"' \
-    --customize-hook='echo "nameserver 10.0.2.3" > "$1/etc/resolv.conf"' \
-    --customize-hook='printf "[Match]\nName=en* eth*\n[Network]\nAddress=10.0.2.15/24\nGateway=10.0.2.2\nDNS=10.0.2.3\n" > "$1/etc/systemd/network/10-slirp.network"' \
-    --customize-hook='chroot "$1" systemctl enable systemd-networkd' \
-    --customize-hook='printf "/dev/vda / ext4 rw,relatime 0 1\nshare /mnt/share 9p trans=virtio,version=9p2000.L,msize=524288 0 0\n" > "$1/etc/fstab"; mkdir -p "$1/mnt/share"' \
-    --customize-hook='cp "'"$ROOT"'/scripts/vm/sandboxd-vm-test.service" "$1/etc/systemd/system/"; chroot "$1" systemctl enable sandboxd-vm-test.service' \
-    --customize-hook='printf "9p\n9pnet\n9pnet_virtio\n" >> "$1/etc/initramfs-tools/modules"; chroot "$1" update-initramfs -u -k all' \
-    trixie "$tree" "${SOURCES[@]}"
-  cp -L "$tree/vmlinuz" "$IMAGE/vmlinuz" && cp -L "$tree/initrd.img" "$IMAGE/initrd.img"
-  truncate -s 24G "$IMAGE/root.img.part" && mkfs.ext4 -q -L root -d "$tree" "$IMAGE/root.img.part"
-  rm -rf "$tree" "$IMAGE/setup.sh" && mv "$IMAGE/root.img.part" "$IMAGE/root.img"
+  bash "$ROOT/scripts/vm/image.sh" "$ARCH" "$KERNEL" "$IMAGE"
   log "image built in $((SECONDS - t))s ($(du -h "$IMAGE/root.img" | cut -f1) used)"
 fi
 

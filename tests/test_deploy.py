@@ -336,9 +336,12 @@ def test_vm_test_plans_each_platform_and_refuses_what_it_cannot_boot() -> None:
     assert "linux-image-arm64/bookworm" in old.stdout and "qemu-system-aarch64" in old.stdout
     assert "tests/test_python_fork.py" in new.stdout and "test_python_fork" not in old.stdout
     assert new.stdout.split("image: ")[1].split()[0] != old.stdout.split("image: ")[1].split()[0]
-    for bad in (("--arch", "riscv64"), ("--kernel", "5.10"), ("--frobnicate",)):
+    smoke = plan("--plan", "--arch", "arm64", "--tests", "smoke")
+    assert smoke.returncode == 0 and "tests: smoke" in smoke.stdout, smoke.stderr
+    for bad in (("--arch", "riscv64"), ("--kernel", "5.10"), ("--frobnicate",), ("--tests", " ")):
         r = plan(*bad)
         assert r.returncode == 2 and r.stderr, (bad, r.stderr)
-    for shell in (script, ROOT / "scripts" / "vm" / "guest.sh", ROOT / "scripts" / "check-wheels.sh"):
+    vm = ROOT / "scripts" / "vm"
+    for shell in (script, vm / "guest.sh", vm / "image.sh", ROOT / "scripts" / "check-wheels.sh"):
         r = subprocess.run(["bash", "-n", str(shell)], capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, (shell, r.stderr)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs inside the guest (scripts/vm-test.sh copies it to the share; sandboxd-vm-test.service starts it): the
 # node's set-up from a clone of the host's tree, the facts of this machine, smoke checks a test cannot make
-# (python fork on this kernel, the cgroups a stopped node leaves), then pytest on the chosen tests. Every
-# stage is timed into the share's log; the counts go to share/result for the host's last line.
+# (python fork on this kernel, the cgroups a stopped node leaves, one step of every kind), then pytest on the
+# chosen tests ("smoke": none, and the set-up without the tests' extras). Every stage is timed into the
+# share's log; the counts (smoke checks and tests) go to share/result for the host's last line.
 set -uo pipefail
 SHARE=/mnt/share
 LOG=$SHARE/guest.log
@@ -23,54 +24,73 @@ echo "this unit's cgroup: $(cat /proc/self/cgroup)"
 python3 -V
 [[ $(stat -fc %T /sys/fs/cgroup) == cgroup2fs ]] || finish "0 passed, 1 failed, 0 skipped (not a cgroup v2 machine)"
 
-stage "set-up: scripts/setup.sh --test (no HOME)"
+# "smoke" in place of tests: the node's set-up without the tests' extras, and the smoke checks alone.
+setup_args=(--test)
+[[ ${TESTS[*]} == smoke ]] && TESTS=() setup_args=()
+stage "set-up: scripts/setup.sh ${setup_args[*]} (no HOME)"
 rm -rf /srv/sandboxd && git clone -q "$SHARE/src.git" /srv/sandboxd && cd /srv/sandboxd || finish "0 passed, 1 failed, 0 skipped (no clone)"
 git log --oneline -1
 t=$SECONDS
-bash scripts/setup.sh --test || finish "0 passed, 1 failed, 0 skipped (set-up failed after $((SECONDS - t))s)"
+bash scripts/setup.sh "${setup_args[@]}" || finish "0 passed, 1 failed, 0 skipped (set-up failed after $((SECONDS - t))s)"
 echo "set-up took $((SECONDS - t))s"
 
+# Smoke checks, each counted: what a test cannot check from inside (the kernel's Landlock ABI decides fork,
+# the cgroups a stopped node leaves) and one real step of every kind.
+smoke_passed=0 smoke_failed=0
+check() {  # check STATUS NAME
+  if (($1 == 0)); then
+    smoke_passed=$((smoke_passed + 1)); echo "SMOKE ok: $2"
+  else
+    smoke_failed=$((smoke_failed + 1)); echo "SMOKE FAILED: $2"
+  fi
+}
 stage doctor
 .venv/bin/sandboxd doctor
+check $? "doctor"
 
-smoke_failed=0
-stage "smoke: a node, python fork on kernel $(uname -r), clean shutdown"
-SANDBOXD_RUNNERS='["python"]' SANDBOXD_PORT=8090 .venv/bin/sandboxd serve > "$SHARE/serve.log" 2>&1 &
+stage "smoke: a node of every default kind, one step each, python fork on kernel $(uname -r), clean shutdown"
+SANDBOXD_PORT=8090 .venv/bin/sandboxd serve > "$SHARE/serve.log" 2>&1 &
 node=$!
-t=$SECONDS
+t=$SECONDS ready=1
 until curl -sf -m 10 localhost:8090/readyz > /dev/null; do
-  kill -0 $node 2> /dev/null || { echo "SMOKE FAILED: the node died"; tail -30 "$SHARE/serve.log"; break; }
-  ((SECONDS - t < 900)) || { echo "SMOKE FAILED: not ready in 900s"; break; }
+  kill -0 $node 2> /dev/null || { echo "the node died"; tail -30 "$SHARE/serve.log"; ready=0; break; }
+  ((SECONDS - t < 1200)) || { echo "not ready in 1200s"; ready=0; break; }
   sleep 2
 done
-echo "ready after $((SECONDS - t))s: $(curl -s -m 10 localhost:8090/readyz | head -c 300)"
-curl -s -m 120 localhost:8090/rollout/step -H 'content-type: application/json' \
-  -d '{"runner":"python","action":{"code":"import numpy; print(numpy.arange(4).sum())"}}'
-echo
-sid=$(curl -s -m 120 localhost:8090/sessions -H 'content-type: application/json' -d '{"runner":"python"}' |
+check $((1 - ready)) "the node ready after $((SECONDS - t))s: $(curl -s -m 10 localhost:8090/readyz | head -c 300)"
+t=$SECONDS
+.venv/bin/sandboxd smoke --target http://localhost:8090 --load-s 5 --concurrency 4
+check $? "python one-shots (numpy), a session, and one step of each other kind, in $((SECONDS - t))s"
+sid=$(curl -s -m 300 localhost:8090/sessions -H 'content-type: application/json' -d '{"runner":"python"}' |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["session_id"])')
-fork=$(curl -s -m 300 -o /tmp/fork.json -w '%{http_code}' "localhost:8090/sessions/$sid/fork" \
+t=$SECONDS
+fork=$(curl -s -m 600 -o /tmp/fork.json -w '%{http_code}' "localhost:8090/sessions/$sid/fork" \
   -H 'content-type: application/json' -d '{"n":2}')
-echo "fork: HTTP $fork $(head -c 400 /tmp/fork.json)"
+echo "fork: HTTP $fork in $((SECONDS - t))s: $(head -c 400 /tmp/fork.json)"
 abi=$(python3 -c 'import ctypes; print(ctypes.CDLL(None, use_errno=True).syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))')
-echo "Landlock ABI: $abi"
 if ((abi >= 6)); then
-  [[ $fork == 201 ]] || { echo "SMOKE FAILED: fork refused on Landlock ABI $abi"; smoke_failed=1; }
+  [[ $fork == 201 ]]
+  check $? "python fork on Landlock ABI $abi"
 else
-  [[ $fork == 422 ]] && grep -q "Landlock ABI is $abi" /tmp/fork.json || { echo "SMOKE FAILED: fork on ABI $abi not refused with its reason"; smoke_failed=1; }
+  [[ $fork == 422 ]] && grep -q "Landlock ABI is $abi" /tmp/fork.json
+  check $? "python fork refused with its reason on Landlock ABI $abi"
 fi
 kill -TERM $node
 wait $node
+rc=$?
 left=$(find /sys/fs/cgroup -type d -name 'sandboxd*' | grep -v "$(cut -d: -f3 /proc/self/cgroup)$" || true)
-echo "cgroups left after SIGTERM: ${left:-none}"
-[[ -z $left ]] || { echo "SMOKE FAILED: cgroups left"; smoke_failed=1; }
+[[ $rc == 0 && -z $left ]]
+check $? "SIGTERM: the node exited $rc, cgroups left: ${left:-none}"
 tail -5 "$SHARE/serve.log"
 
+if ((${#TESTS[@]} == 0)); then
+  finish "$smoke_passed passed, $smoke_failed failed, 0 skipped"
+fi
 stage "pytest ${TESTS[*]}"
 t=$SECONDS
 .venv/bin/python -m pytest -q -rfEs -p no:cacheprovider --junitxml="$SHARE/junit.xml" "${TESTS[@]}" 2>&1 | tail -150
 echo "pytest took $((SECONDS - t))s"
-counts=$(python3 - "$SHARE/junit.xml" "$smoke_failed" <<'EOF'
+counts=$(python3 - "$SHARE/junit.xml" "$smoke_passed" "$smoke_failed" <<'EOF'
 import sys
 import xml.etree.ElementTree as ET
 
@@ -78,8 +98,8 @@ suite = ET.parse(sys.argv[1]).getroot()
 suite = suite if suite.tag == "testsuite" else suite[0]
 total, failed = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
 skipped = int(suite.get("skipped", 0))
-smoke = int(sys.argv[2])
-print(f"{total - failed - skipped + (1 - smoke)} passed, {failed + smoke} failed, {skipped} skipped")
+smoke_passed, smoke_failed = int(sys.argv[2]), int(sys.argv[3])
+print(f"{total - failed - skipped + smoke_passed} passed, {failed + smoke_failed} failed, {skipped} skipped")
 EOF
-) || counts="0 passed, 1 failed, 0 skipped (no test report)"
+) || counts="$smoke_passed passed, $((smoke_failed + 1)) failed, 0 skipped (no test report)"
 finish "$counts"
