@@ -76,6 +76,10 @@ if ((${#need[@]})); then
   log "installing ${need[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" > /dev/null
 fi
+if [[ $ARCH == arm64 && $(uname -m) != aarch64 ]]; then  # the image's arm64 packages configure under qemu-user
+  [[ -e /proc/sys/fs/binfmt_misc/status ]] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+  [[ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]] || update-binfmts --enable qemu-aarch64
+fi
 
 # 2. The image, once per set of inputs.
 if [[ ! -f $IMAGE/root.img ]]; then
