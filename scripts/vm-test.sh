@@ -84,7 +84,7 @@ fi
 # 2. The image, once per set of inputs.
 if [[ ! -f $IMAGE/root.img ]]; then
   log "building the $ARCH image (kernel $KERNEL) in $IMAGE"
-  rm -rf "$CACHE/$ARCH-$KERNEL-"*  # an image of other inputs is stale
+  rm -rf "${CACHE:?}/$ARCH-$KERNEL-"*  # an image of other inputs is stale
   t=$SECONDS
   bash "$ROOT/scripts/vm/image.sh" "$ARCH" "$KERNEL" "$IMAGE"
   log "image built in $((SECONDS - t))s ($(du -h "$IMAGE/root.img" | cut -f1) used)"
@@ -92,6 +92,10 @@ fi
 
 # 3. The run: the tree's last commit, the tests, the host's trust store, in a share of the run's own.
 SHARE=$(mktemp -d /var/tmp/sandboxd-vm-run.XXXXXX)
+# What the guest downloads (pip's and npm's caches) outlives the run: the guest's TLS and unpacking run under
+# emulation, and a second run of the same set-up need not fetch it again.
+DOWNLOADS=$CACHE/downloads-$ARCH
+mkdir -p "$DOWNLOADS"
 trap 'rm -rf "$SHARE"' EXIT
 git clone -q --bare "$ROOT" "$SHARE/src.git"
 cp "$ROOT/scripts/vm/guest.sh" "$SHARE/guest.sh"
@@ -114,6 +118,7 @@ timeout "${SANDBOXD_VM_TIMEOUT:-10800}" "$QEMU" "${accel[@]}" -m "${SANDBOXD_VM_
   -drive "file=$IMAGE/root.img,format=raw,if=virtio,snapshot=on" \
   -nic user,model=virtio-net-pci \
   -virtfs "local,path=$SHARE,mount_tag=share,security_model=none,id=share" \
+  -virtfs "local,path=$DOWNLOADS,mount_tag=downloads,security_model=none,id=downloads" \
   -display none -serial "file:$SHARE/console.log" -no-reboot < /dev/null || log "qemu ended with rc=$?"
 log "the guest ran $((SECONDS - t))s"
 [[ -f $SHARE/guest.log ]] && cat "$SHARE/guest.log" || tail -60 "$SHARE/console.log"

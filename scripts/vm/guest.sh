@@ -15,6 +15,10 @@ export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 # The host's trust store: HTTPS to the package registries may pass a TLS-intercepting proxy.
 export PIP_CERT=$SHARE/ca.crt SSL_CERT_FILE=$SHARE/ca.crt REQUESTS_CA_BUNDLE=$SHARE/ca.crt NODE_EXTRA_CA_CERTS=$SHARE/ca.crt
 unset HOME  # a unit has none (setup.sh must not need it)
+# The host's download cache (vm-test.sh keeps it between runs), when it is shared.
+if mkdir -p /mnt/downloads && mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 downloads /mnt/downloads; then
+  export PIP_CACHE_DIR=/mnt/downloads/pip npm_config_cache=/mnt/downloads/npm
+fi
 
 stage facts
 uname -r
