@@ -104,6 +104,7 @@ class CgroupGroup:
         self._generation = 0  # renew_pids' fresh groups
         self._pids_local_seen = 0  # v2: pids.events.local max at the last counters(start=True)
         self._closed = False  # close_files ran: the group is going
+        self._delegating = False  # v2: its controllers are handed to its children (``child``)
 
     @property
     def procs_files(self) -> list[Path]:
@@ -305,16 +306,23 @@ class CgroupGroup:
         return out[0], out[1]
 
     def child(self, name: str) -> CgroupGroup:
+        """A group inside this one. On v2 a child has a controller's files (``memory.max``, ``pids.max``,
+        ``cpu.max``) only once its parent hands the controller down (``cgroup.subtree_control``), and writing a
+        file that is not there is EACCES: so the first child makes this group delegate them, which it can
+        while it holds no process itself (a session jails' host: its zygote and sessions are its children)."""
+        if self.version == 2 and not self._delegating:
+            _delegate_controllers(self.dirs["unified"])
+            self._delegating = True
         dirs = {k: v / name for k, v in self.dirs.items()}
         for d in dict.fromkeys(dirs.values()):
             d.mkdir(exist_ok=True)
         return CgroupGroup(dirs, self.version)
 
     def enable_subtree(self) -> None:
-        """v2 only: let children of this group have memory and pids limits."""
+        """v2 only: let children of this group have memory, pids and CPU limits."""
         if self.version == 2:
-            with contextlib.suppress(OSError):
-                (self.dirs["unified"] / "cgroup.subtree_control").write_text("+memory +pids +cpu")
+            _delegate_controllers(self.dirs["unified"])
+            self._delegating = True
 
     def kill_all(self) -> None:
         """SIGKILL every process in the group (each checked to be a member: a pid number is not a process)."""

@@ -82,7 +82,9 @@ fi
 kill -TERM $node
 wait $node
 rc=$?
-left=$(find /sys/fs/cgroup -type d -name 'sandboxd*' | grep -v "$(cut -d: -f3 /proc/self/cgroup)$" || true)
+# The node's groups are its workers' (<node id>-<pid>-w<k>[-kind]); the node id is the host name. (Its leaf
+# move put this unit's processes, this shell among them, into <unit>/node: that one stays, and is not its.)
+left=$(find /sys/fs/cgroup -mindepth 1 -type d -name "$(hostname)-*-w*" -print -prune || true)
 [[ $rc == 0 && -z $left ]]
 check $? "SIGTERM: the node exited $rc, cgroups left: ${left:-none}"
 tail -5 "$SHARE/serve.log"
