@@ -19,17 +19,20 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from sandboxd import __version__
-from sandboxd.api import e2b, fusion, native, openenv, ops
-from sandboxd.api.auth import Auth
+from sandboxd.api import e2b, fusion, mcp_server, native, openenv, ops
 from sandboxd.api.e2b.forwarding import E2bForwarding
 from sandboxd.api.limits import BodyLimit
 from sandboxd.api.mcp_server import McpSurface
-from sandboxd.api.surface import json_response, native_error, request_error
+from sandboxd.api.surface import request_error
 from sandboxd.config import NodeSettings, load_settings
+from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
 from sandboxd.front.protocol import Front
+from sandboxd.front.surfaces import Surface, Surfaces, json_response, native_error
 
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+DOC_PATHS = frozenset({b"/docs", b"/openapi.json", b"/docs/oauth2-redirect", b"/redoc"})
+DOCS = Surface("docs", native_error, exact=DOC_PATHS, public_exact=DOC_PATHS)
 
 
 def create_app(settings: NodeSettings | None = None, index: int = 0) -> FastAPI:
@@ -61,7 +64,19 @@ def create_app(settings: NodeSettings | None = None, index: int = 0) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.gateway = gateway
-    app.state.front = Front(gateway, auth, settings)
+    # Every surface's declaration, as its routes and the front door's refusals read it (front/surfaces.py).
+    surfaces = Surfaces(
+        [
+            native.SURFACE,
+            fusion.SURFACE,
+            openenv.SURFACE,
+            e2b.SURFACE,
+            mcp_server.SURFACE,
+            ops.surface(settings.auth_ops),
+            DOCS,
+        ]
+    )
+    app.state.front = Front(gateway, auth, settings, surfaces)
     app.include_router(native.router(gateway, auth))
     app.include_router(fusion.router(gateway, auth))
     app.include_router(openenv.router(gateway, auth))

@@ -521,6 +521,44 @@ def test_cgroup_v2_moves_the_node_into_a_leaf_when_its_group_holds_processes(
     assert (group / "cgroup.procs").read_text().split() == []
 
 
+def test_cgroup_v2_a_group_of_groups_hands_its_controllers_down_before_its_children_take_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v2 (found in the cgroup v2 guest, scripts/vm-test.sh): a child has memory.max, pids.max and cpu.max only
+    once its parent delegates those controllers, and writing a file that is not there is EACCES, so a session
+    jails' host (its zygote's group and each session's are its children) refused every limit and the worker
+    died at start. The kernel's side is simulated (this machine mounts cgroup v1): a controller file of a
+    child may be written only when its parent's subtree_control names the controller."""
+    import errno as errno_mod
+
+    from sandboxd.runners.cgroups import CgroupGroup
+
+    real_write = Path.write_text
+    enabled: dict[Path, set[str]] = {}
+
+    def write_text(self: Path, data: str, *args: object, **kwargs: object) -> int:
+        if self.name == "cgroup.subtree_control":
+            enabled.setdefault(self.parent, set()).update(w[1:] for w in data.split() if w.startswith("+"))
+        elif (controller := self.name.split(".")[0]) in ("memory", "pids", "cpu") and controller not in enabled.get(
+            self.parent.parent, set()
+        ):
+            raise OSError(errno_mod.EACCES, "Permission denied", str(self))
+        return real_write(self, data)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    root = tmp_path / "node-1-w0"
+    root.mkdir()
+    top = CgroupGroup({"unified": root}, 2)
+    top.enable_subtree()  # what CgroupRoot does for its own group
+    host = top.child("sessions0")
+    host.set_limits(64 << 20, 64)  # a child of the root: delegated already
+    zygote = host.child("zygote")  # a grandchild: its parent must delegate first
+    zygote.set_limits(32 << 20, 16)
+    zygote.set_cpu(1.0)
+    assert (root / "sessions0" / "zygote" / "memory.max").read_text() == str(32 << 20)
+    assert enabled[root / "sessions0"] == {"memory", "pids", "cpu"}
+
+
 async def test_a_step_borrows_only_free_slots_within_its_tenants_share() -> None:
     """Borrowed slots (a program's cases spread out) are free ones nobody waits for, never burst ones, and
     only while the tenant is below its share: a waiting step of another tenant gets the next free slot."""
@@ -591,3 +629,97 @@ async def test_the_browser_gate_admits_fewer_while_starved_and_grows_back() -> N
     for _ in range(10 * CALM):
         gate.calm()
     assert gate.limit == 3  # never past its slots
+
+
+def _app_surfaces(auth_ops: bool = False) -> Any:
+    from sandboxd.app import create_app
+
+    settings = load_settings(auth_ops=auth_ops, api_keys=["k" * 32])
+    return create_app(settings).state.front
+
+
+@pytest.mark.parametrize(
+    ("path", "surface"),
+    [
+        (b"/rollout/step", "native"),
+        (b"/sessions/s_x", "native"),
+        (b"/run_code", "sandboxfusion"),
+        (b"/v1/ping", "sandboxfusion"),
+        (b"/envs/textgame/ws", "openenv"),
+        (b"/sandboxes/abc/timeout", "e2b"),
+        (b"/v2/sandboxes", "e2b"),
+        (b"/execute", "e2b"),
+        (b"/process.Process/Start", "e2b"),
+        (b"/executex", None),  # a prefix of E2B's data plane, not one of its paths
+        (b"/mcp", "mcp"),
+        (b"/metrics", "operations"),
+        (b"/openapi.json", "docs"),
+        (b"/nowhere", None),
+    ],
+)
+def test_every_path_has_one_surface_whose_routes_and_front_door_answer_alike(path: bytes, surface: str | None) -> None:
+    """The front door's refusal for a path is the answer that path's surface's routes give for the same error:
+    one declaration (front/surfaces.py), so a client never parses a shape it has never seen."""
+    front = _app_surfaces()
+    owner = front.surfaces.owner(path)
+    assert (owner.name if owner else None) == surface
+    for exc in (
+        errors.Unauthorized("no key"),
+        errors.AtCapacity("full", retry_after_s=1.0),
+        errors.PayloadTooLarge("big"),
+    ):
+        routed = owner.render(exc) if owner else front.surfaces.render(exc, path)
+        raw = front.refusal(exc, path)
+        head, body = raw.split(b"\r\n\r\n", 1)
+        assert head.startswith(f"HTTP/1.1 {routed.status_code} ".encode()) and body == routed.body, (path, raw)
+        for name, value in routed.raw_headers:
+            assert name + b": " + value in head, (path, name)
+        assert b"connection: close" in head
+
+
+def test_public_paths_and_credentials_come_from_the_declarations() -> None:
+    front = _app_surfaces()
+    public = [b"/v1/ping", b"/openapi.json", b"/drain", b"/healthz", b"/metrics", b"/envs/textgame/schema"]
+    assert all(front.surfaces.is_public(p) for p in public)
+    assert not any(front.surfaces.is_public(p) for p in (b"/rollout/step", b"/envs/textgame/reset", b"/execute"))
+    assert not _app_surfaces(auth_ops=True).surfaces.is_public(b"/metrics")  # auth_ops: probes send a key too
+    assert set(front.surfaces.credentials) == {
+        b"x-api-key",
+        b"x-access-token",
+        b"e2b-traffic-access-token",
+        b"e2b-sandbox-id",
+    }
+    # E2B's addressing by host name, on its data plane only
+    rule = front.surfaces.host_rules[0]
+    assert rule(b"/execute", b"49999-abc-0-0-xyz.e2b.example:443", {}) == (b"e2b-sandbox-id", b"abc-0-0-xyz")
+    assert rule(b"/rollout/step", b"49999-abc-0-0-xyz.e2b.example", {}) is None
+    assert rule(b"/execute", b"49999-abc.e2b.example", {b"e2b-sandbox-id": "other"}) is None
+
+
+def test_two_surfaces_cannot_claim_one_credential_header_or_one_name() -> None:
+    from sandboxd.front.surfaces import Surface, Surfaces, native_error
+
+    with pytest.raises(ValueError, match="declared twice"):
+        Surfaces([Surface("a", native_error), Surface("a", native_error)])
+    with pytest.raises(ValueError, match="credential header"):
+        Surfaces(
+            [
+                Surface("a", native_error, credentials=frozenset({b"x"})),
+                Surface("b", native_error, credentials=frozenset({b"x"})),
+            ]
+        )
+
+
+def test_the_front_processes_code_imports_nothing_of_the_surfaces_above_it() -> None:
+    """front/ is below api/: the front door reads the surfaces' declarations, which the app hands it. (The front
+    process's entry point, ``__main__.py``, builds the app: it is where the layers are put together.)"""
+    import ast
+
+    for path in sorted((Path(__file__).parent.parent / "sandboxd" / "front").glob("*.py")):
+        if path.name == "__main__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith(("sandboxd.api", "sandboxd.app")), (path.name, node.module)
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("sandboxd.api") for a in node.names), path.name

@@ -3,7 +3,8 @@ its own shape.
 
 ``native`` (rollout steps, sessions, runner descriptions) and ``ops``
 (health, readiness, metrics) are sandboxd's own; wire-compatible surfaces
-(SandboxFusion's ``/run_code``, OpenEnv, MCP) are added the same way: a module
-with a ``router(gateway)`` function, built with ``surface_router`` and its own
-error renderer, included in ``app.py``.
+(SandboxFusion's ``/run_code``, OpenEnv, MCP, E2B) are added the same way: a
+module with its declaration (``SURFACE``: error shape, paths, public paths,
+credentials; ``front/surfaces.py``) and a ``router(gateway, auth)`` built with
+``surface_router(SURFACE.render)``, both registered in ``app.py``.
 """

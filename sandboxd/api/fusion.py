@@ -35,11 +35,20 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from sandboxd.api.auth import Auth
-from sandboxd.api.surface import json_response, surface_router
+from sandboxd.api.surface import surface_router
 from sandboxd.csvtext import as_csv
-from sandboxd.errors import BadRequest, DeadlineExceeded, NodePressure, SandboxdError, Saturated, ShuttingDown
+from sandboxd.errors import (
+    AtCapacity,
+    BadRequest,
+    DeadlineExceeded,
+    NodePressure,
+    SandboxdError,
+    Saturated,
+    ShuttingDown,
+)
+from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
+from sandboxd.front.surfaces import Surface, json_response
 from sandboxd.models import Limits, StepRequest, StepResult
 from sandboxd.runners.python.config import PythonRunnerConfig
 
@@ -77,11 +86,20 @@ ANSWER_MARGIN_S = 1.0  # answered this much before it gives up
 
 def fusion_error(exc: SandboxdError) -> Response:
     """Errors that are not execution outcomes, in the shape of SandboxFusion's FastAPI app."""
-    if isinstance(exc, (DeadlineExceeded, Saturated, ShuttingDown, NodePressure)):
+    if isinstance(exc, (DeadlineExceeded, Saturated, AtCapacity, ShuttingDown, NodePressure)):
         return json_response({"detail": exc.message}, 504)  # verl retries 504, and only 504
     if exc.blame == "infra":
         return json_response(_sandbox_error(exc.message), 200)
     return json_response({"detail": exc.message}, exc.status)
+
+
+SURFACE = Surface(
+    "sandboxfusion",
+    fusion_error,
+    prefixes=(b"/run_code",),
+    exact=frozenset({b"/v1/ping"}),
+    public_exact=frozenset({b"/v1/ping"}),  # its clients' health check, before any key
+)
 
 
 def _sandbox_error(message: str, **extra: Any) -> dict[str, Any]:
@@ -333,7 +351,7 @@ class FusionRunner:
 
 
 def router(gateway: Gateway, auth: Auth) -> APIRouter:
-    api = surface_router(fusion_error)
+    api = surface_router(SURFACE.render)
     runner = FusionRunner(gateway)
     Tenant = Annotated[str, Depends(auth)]
 

@@ -30,14 +30,15 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import WithJsonSchema
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandboxd import __version__
-from sandboxd.api.auth import Auth
 from sandboxd.errors import SandboxdError
+from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
+from sandboxd.front.surfaces import Surface, json_response, retry_headers
 from sandboxd.models import SessionCreate, StepRequest, StepResult
 
 INSTRUCTIONS = (
@@ -73,6 +74,16 @@ def _result(res: StepResult) -> dict[str, Any]:
         "session_id": res.session_id,
         "latency_ms": res.latency_ms,
     }
+
+
+def mcp_error(exc: SandboxdError) -> Response:
+    """A refusal before the MCP server saw the call (no key, too large, at capacity): a JSON-RPC error whose
+    message starts with the sandboxd error code, as the tools' errors do; the HTTP status is the refusal's."""
+    error = {"code": -32001, "message": f"{exc.code}: {exc.message}"}
+    return json_response({"jsonrpc": "2.0", "id": None, "error": error}, exc.status, retry_headers(exc.retry_after_s))
+
+
+SURFACE = Surface("mcp", mcp_error, prefixes=(b"/mcp",))
 
 
 class NoStream:

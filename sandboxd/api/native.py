@@ -12,10 +12,11 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from sandboxd.api.auth import Auth
-from sandboxd.api.surface import json_response, native_error, retry_headers, surface_router
+from sandboxd.api.surface import surface_router
 from sandboxd.errors import BadRequest
+from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
+from sandboxd.front.surfaces import Surface, json_response, native_error, retry_headers
 from sandboxd.models import (
     BatchRequest,
     BatchResult,
@@ -38,10 +39,13 @@ from sandboxd.runners.base import validation_message
 
 # Every route can answer these: auth, body limits, validation, and our own bugs.
 COMMON = (401, 408, 413, 422, 500)
+# Its hot routes (a step, a batch, a session's creation, look-up and close) are served by the front door itself
+# (front/protocol.py), in this shape too.
+SURFACE = Surface("native", native_error, prefixes=(b"/rollout/", b"/sessions", b"/runners"))
 
 
 def router(gateway: Gateway, auth: Auth) -> APIRouter:
-    api = surface_router(native_error)
+    api = surface_router(SURFACE.render)
     Tenant = Annotated[str, Depends(auth)]
 
     @api.post(

@@ -34,10 +34,11 @@ from fastapi import APIRouter, Depends, WebSocket, WebSocketDisconnect
 from starlette.responses import Response
 
 from sandboxd import __version__
-from sandboxd.api.auth import Auth
-from sandboxd.api.surface import json_response, surface_router
+from sandboxd.api.surface import surface_router
 from sandboxd.errors import BadRequest, NotFound, SandboxdError, Saturated, SessionLost, UnknownSession
+from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
+from sandboxd.front.surfaces import Surface, json_response
 from sandboxd.models import SessionCreate, StepRequest, StepResult
 
 MAX_FRAME_BYTES = 16 << 20
@@ -211,8 +212,14 @@ def openenv_error(exc: SandboxdError) -> Response:
     return json_response({"detail": exc.message, "code": _env_code(exc)}, exc.status)
 
 
+# An environment's descriptions are read by OpenEnv's clients before any key is involved; its WebSocket
+# authenticates on its handshake's credentials, in the route (its refusal is a close frame there).
+PUBLIC_SUFFIXES = (b"/health", b"/metadata", b"/schema", b"/ws")
+SURFACE = Surface("openenv", openenv_error, prefixes=(b"/envs/",), public=lambda path: path.endswith(PUBLIC_SUFFIXES))
+
+
 def router(gateway: Gateway, auth: Auth) -> APIRouter:
-    api = surface_router(openenv_error)
+    api = surface_router(SURFACE.render)
     Tenant = Annotated[str, Depends(auth)]
 
     def shape(kind: str) -> EnvShape:

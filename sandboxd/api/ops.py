@@ -9,12 +9,21 @@ from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import PlainTextResponse, Response
 
-from sandboxd.api.auth import Auth
-from sandboxd.api.surface import json_response, native_error, surface_router
+from sandboxd.api.surface import surface_router
 from sandboxd.errors import Forbidden
+from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
+from sandboxd.front.surfaces import Surface, json_response, native_error
 from sandboxd.metrics import render
 from sandboxd.node.drain import DRAIN_TOKEN_HEADER
+
+PROBES = frozenset({b"/healthz", b"/readyz", b"/metrics"})
+
+
+def surface(protected: bool) -> Surface:
+    """Probes and metrics are anyone's unless ``protected`` (``auth_ops``); /drain checks its own token."""
+    paths = PROBES | {b"/drain"}
+    return Surface("operations", native_error, exact=paths, public_exact=paths - PROBES if protected else paths)
 
 
 def router(gateway: Gateway, auth: Auth, protected: bool) -> APIRouter:

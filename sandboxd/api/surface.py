@@ -2,9 +2,10 @@
 
 FastAPI's exception handlers are app-wide, but each wire contract (sandboxd's
 own, SandboxFusion's, OpenEnv's, MCP's) has its own error shape for the same
-failure. A surface's router is built with ``surface_router(render)``; its
-routes catch ``SandboxdError`` and FastAPI's request validation errors (bad
-JSON, missing fields) and hand both, as one ``SandboxdError``, to ``render``.
+failure. A surface's router is built with ``surface_router(render)``, the
+renderer its declaration names (``front/surfaces.py``); its routes catch
+``SandboxdError`` and FastAPI's request validation errors (bad JSON, missing
+fields) and hand both, as one ``SandboxdError``, to ``render``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -21,16 +21,9 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from sandboxd.errors import BadRequest, InfraError, SandboxdError
+from sandboxd.front.surfaces import DropConnection, ErrorRenderer
 
 log = logging.getLogger("sandboxd.api")
-
-ErrorRenderer = Callable[[SandboxdError], Response]
-
-
-class DropConnection(Exception):
-    """Raised by an answer that has started: the connection closes without the rest of it. E2B's proxy drops the
-    connection of a sandbox that ends during a request, and the SDKs read exactly that as "the sandbox was
-    killed while the request was in progress"."""
 
 
 class Dropped(Response):
@@ -50,28 +43,14 @@ async def until_disconnected(receive: Any) -> None:
         pass
 
 
-def json_response(data: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
-
-
-def retry_headers(retry_after_s: float | None) -> dict[str, str] | None:
-    """HTTP Retry-After in whole seconds, never 0 (clients would retry in a hot loop)."""
-    return {"Retry-After": str(max(1, int(retry_after_s + 0.999)))} if retry_after_s is not None else None
-
-
 def request_error(exc: RequestValidationError) -> BadRequest:
     parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
     return BadRequest("; ".join(parts) or "invalid request")
 
 
-def native_error(exc: SandboxdError) -> Response:
-    """sandboxd's own shape: the same body as a failed step result."""
-    err = {"blame": exc.blame, "code": exc.code, "message": exc.message, "retry_after_s": exc.retry_after_s}
-    body = {"ok": False, "status": exc.status, "error": err}
-    return json_response(body, exc.status, retry_headers(exc.retry_after_s))
-
-
 def surface_router(render: ErrorRenderer, **kwargs: Any) -> APIRouter:
+    """A router whose routes answer every error with ``render`` (its surface's, ``front/surfaces.py``)."""
+
     class SurfaceRoute(APIRoute):
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             handler = super().get_route_handler()

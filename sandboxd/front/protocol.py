@@ -37,10 +37,6 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from sandboxd.answers import error_body
-from sandboxd.api.auth import Auth
-from sandboxd.api.e2b.names import sandbox_in_host
-from sandboxd.api.e2b.paths import is_data_plane, is_e2b
-from sandboxd.api.surface import DropConnection
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.config import NodeSettings
 from sandboxd.errors import (
@@ -55,25 +51,14 @@ from sandboxd.errors import (
     Saturated,
     Unauthorized,
 )
+from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
+from sandboxd.front.surfaces import DropConnection, Surfaces
 from sandboxd.stores.idempotency import Stored
 from sandboxd.tally import CONNECTIONS
 
 log = logging.getLogger("sandboxd.front")
 
-# Paths served to anyone: probes, the OpenAPI document, SandboxFusion's ping, OpenEnv's environment
-# descriptions (its clients read them before any key is involved), /drain (its own token), WebSockets
-# (they authenticate on their first frame's connection, in the route).
-OPS = {b"/healthz", b"/readyz", b"/metrics"}
-PUBLIC_EXACT = {
-    b"/v1/ping",
-    b"/docs",
-    b"/openapi.json",
-    b"/docs/oauth2-redirect",
-    b"/redoc",
-    b"/drain",
-}
-PUBLIC_ENV_SUFFIXES = (b"/health", b"/metadata", b"/schema", b"/ws")
 HOT = {
     (b"GET", b"/healthz"): "healthz",  # here, not behind the connection limit: probes cannot be starved
     (b"GET", b"/readyz"): "readyz",
@@ -81,18 +66,7 @@ HOT = {
     (b"POST", b"/rollout/steps"): "steps",
     (b"POST", b"/sessions"): "create",
 }
-E2B_HEADERS = {b"x-api-key", b"x-access-token", b"e2b-traffic-access-token", b"e2b-sandbox-id"}
 JSON_HEADERS = b"content-type: application/json\r\n"
-
-
-def tenant_of(auth: Auth, authorization: str | None, e2b: dict[bytes, str], path: bytes) -> str:
-    """The tenant of a request's credentials: ``Authorization``, or the E2B SDK's (``Auth.tenant_of_e2b``)."""
-    if not e2b:
-        return auth.tenant_of_header(authorization or "")
-    headers = {name.decode(): value for name, value in e2b.items()}
-    if authorization is not None:
-        headers["authorization"] = authorization
-    return auth.tenant_of_e2b(headers, data_plane=is_data_plane(path))
 
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -101,12 +75,12 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 class Front:
     """What every connection of one front process shares: its gateway, its keys, its counts."""
 
-    def __init__(self, gateway: Gateway, auth: Auth, settings: NodeSettings) -> None:
+    def __init__(self, gateway: Gateway, auth: Auth, settings: NodeSettings, surfaces: Surfaces) -> None:
         self.gateway = gateway
         self.auth = auth
         self.settings = settings
+        self.surfaces = surfaces
         self.by_address: Counter[str] = Counter()  # connections not authenticated (yet), per client address
-        self.protected_metrics = settings.auth_ops
 
     def count_address(self, address: str) -> SandboxdError | None:
         """Count one more connection from ``address`` that has not authenticated; the refusal past the cap."""
@@ -138,12 +112,17 @@ class Front:
     def uncount_tenant(self, tenant: str) -> None:
         self.gateway.tenant_count(tenant, CONNECTIONS, -1)
 
-    def public(self, path: bytes) -> bool:
-        if path in OPS:
-            return not self.protected_metrics  # auth_ops: probes and Prometheus send a key too
-        if path in PUBLIC_EXACT:
-            return True
-        return path.startswith(b"/envs/") and path.endswith(PUBLIC_ENV_SUFFIXES)
+    def refusal(self, exc: SandboxdError, path: bytes) -> bytes:
+        """A refusal's whole answer, ``connection: close``: what a route of ``path``'s surface answers for ``exc``
+        (its shape, status and headers), written by the front door before any route runs."""
+        answer = self.surfaces.render(exc, path)
+        head = [STATUS_LINE[answer.status_code]]
+        for name, value in answer.raw_headers:
+            head += [name, b": ", value, b"\r\n"]
+        if answer.status_code == 401:
+            head.append(b'www-authenticate: Bearer realm="sandboxd"\r\n')
+        head += [b"connection: close\r\n\r\n", bytes(answer.body)]
+        return b"".join(head)
 
 
 class HotCycle:
@@ -326,7 +305,7 @@ class FrontProtocol(HttpToolsProtocol):
             return
         upgrade = self.parser.should_upgrade() and self._should_upgrade()
         authorization: str | None = None
-        e2b: dict[bytes, str] = {}
+        credentials: dict[bytes, str] = {}
         forwarded_by = None
         length = None
         host = b""
@@ -336,11 +315,11 @@ class FrontProtocol(HttpToolsProtocol):
                     self._refuse(ClientError("more than one Authorization header"), path=path)
                     return
                 authorization = value.decode("latin-1")
-            elif name in E2B_HEADERS:  # the E2B SDK's credentials (api/e2b): its key, or a sandbox's token
-                if name in e2b:
+            elif name in front.surfaces.credentials:  # a surface's own (E2B's key, a sandbox's token, ...)
+                if name in credentials:
                     self._refuse(ClientError(f"more than one {name.decode()} header"), path=path)
                     return
-                e2b[name] = value.decode("latin-1")
+                credentials[name] = value.decode("latin-1")
             elif name == FORWARDED_BY_B:
                 forwarded_by = value.decode("latin-1")
             elif name == b"host":
@@ -353,18 +332,19 @@ class FrontProtocol(HttpToolsProtocol):
                     length = int(value)
                 except ValueError:
                     length = None
-        if host and b"e2b-sandbox-id" not in e2b and is_data_plane(path) and (named := sandbox_in_host(host)):
-            # E2B's addressing (e2b 1.x's only one): the sandbox is named by the host; every layer reads the header
-            self.headers.append((b"e2b-sandbox-id", named[1]))
-            e2b[b"e2b-sandbox-id"] = named[1].decode("latin-1")
+        if host:
+            for rule in front.surfaces.host_rules:  # a header the host implies (E2B names a sandbox by it)
+                if (implied := rule(path, host, credentials)) is not None:
+                    self.headers.append(implied)
+                    credentials[implied[0]] = implied[1].decode("latin-1")
         tenant = ""
-        public = front.public(path)
-        if not public or authorization is not None or e2b:
+        public = front.surfaces.is_public(path)
+        if not public or authorization is not None or credentials:
             # A WebSocket authenticates in its route (its refusal is a close frame there), but one that carries
             # a key counts for its tenant here, from its handshake to its close; so does a public path's request
             # that carries one (a client's pings must not hold its address's shared count).
             try:
-                tenant = tenant_of(front.auth, authorization, e2b, path)
+                tenant = front.surfaces.tenant(front.auth, authorization, credentials, path)
             except Unauthorized as exc:
                 if not upgrade and not public:
                     self._refuse(exc, path=path)
@@ -553,7 +533,7 @@ class FrontProtocol(HttpToolsProtocol):
         """
         self._refused = True
         self._disarm()
-        data = refusal_bytes(exc, path)
+        data = self._front().refusal(exc, path)
         current = self.cycle
         if current is not None and not current.response_complete:
             if own:
@@ -570,33 +550,6 @@ class FrontProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(data)
             self.transport.close()
-
-
-def refusal_bytes(exc: SandboxdError, path: bytes) -> bytes:
-    """A refusal's whole answer, ``connection: close``, in the error shape of the surface ``path`` belongs to."""
-    code = exc.status
-    if path.startswith(b"/run_code"):
-        body = orjson.dumps({"detail": exc.message})
-    elif path.startswith(b"/envs/"):
-        body = orjson.dumps(
-            {"detail": exc.message, "code": "VALIDATION_ERROR" if exc.blame == "client" else "CAPACITY_REACHED"}
-        )
-    elif is_e2b(path):  # the E2B SDK's
-        body = orjson.dumps({"code": code, "message": exc.message})
-    elif path.startswith(b"/mcp"):
-        body = orjson.dumps(
-            {"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": f"{exc.code}: {exc.message}"}}
-        )
-    else:
-        err = {"blame": exc.blame, "code": exc.code, "message": exc.message, "retry_after_s": exc.retry_after_s}
-        body = orjson.dumps({"ok": False, "status": code, "error": err})
-    head = [STATUS_LINE[code], JSON_HEADERS, b"content-length: ", str(len(body)).encode(), b"\r\n"]
-    if exc.retry_after_s is not None:
-        head += [b"retry-after: ", str(max(1, int(exc.retry_after_s + 0.999))).encode(), b"\r\n"]
-    if code == 401:
-        head.append(b'www-authenticate: Bearer realm="sandboxd"\r\n')
-    head += [b"connection: close\r\n\r\n", body]
-    return b"".join(head)
 
 
 def request_path(url: bytes) -> bytes:

@@ -3,7 +3,7 @@
 
 An E2B sandbox is a python session: one jail with its interpreter (the code interpreter's default context)
 and its working directory. Its metadata are the session's labels; its timeout is the session's TTL, moved by
-``set_timeout``; its ``envdAccessToken`` opens its data plane and nothing else (``api/auth.py``). Extra code
+``set_timeout``; its ``envdAccessToken`` opens its data plane and nothing else (``front/auth.py``). Extra code
 contexts are python sessions of their own, labelled with their sandbox and closed with it.
 
 Control plane (``X-API-Key``: a node key; SDKs before 2.46 check it has the form ``e2b_<hex>``): create, get,
@@ -25,7 +25,7 @@ import datetime
 import hashlib
 import secrets
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -34,15 +34,14 @@ from starlette.datastructures import UploadFile
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from sandboxd.api.auth import Auth
 from sandboxd.api.e2b import names
 from sandboxd.api.e2b.cells import execution_cell, ndjson, restart_cell, split_answer
 from sandboxd.api.e2b.envd import CALL_TIMEOUT_S, MALFORMED, READ_CHUNK, Refused, SandboxCalls, connect_apps
 from sandboxd.api.e2b.kernels import language_of
 from sandboxd.api.e2b.labels import LANGUAGE_LABEL, OWN_PREFIX, PARENT_LABEL, TEMPLATE_LABEL
-from sandboxd.api.e2b.names import known_nodes, public_message, sandbox_name, session_of
-from sandboxd.api.e2b.paths import CONTROL_HEADS
-from sandboxd.api.surface import Dropped, json_response, retry_headers, surface_router, until_disconnected
+from sandboxd.api.e2b.names import known_nodes, public_message, sandbox_in_host, sandbox_name, session_of
+from sandboxd.api.e2b.paths import CONTROL_HEADS, CONTROL_PREFIXES, DATA_EXACT, DATA_PREFIXES, is_data_plane, is_e2b
+from sandboxd.api.surface import Dropped, surface_router, until_disconnected
 from sandboxd.cluster.forward import CALLER, FORWARDED_BY, Caller
 from sandboxd.constants import SESSION_HOME
 from sandboxd.errors import (
@@ -55,7 +54,9 @@ from sandboxd.errors import (
     SessionLost,
     UnknownSession,
 )
+from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
+from sandboxd.front.surfaces import Surface, json_response, retry_headers
 from sandboxd.models import SessionCreate, SessionInfo, StepRequest, _checked_labels
 
 TEMPLATES = ("base", "code-interpreter-v1", "code-interpreter")  # what the SDKs create by default
@@ -172,6 +173,35 @@ def data_error(exc: SandboxdError) -> Response:
         body = {"code": 502, "message": f"The sandbox was not found: {public_message(exc.message, exc.session_id)}"}
         return json_response(body, 502)
     return e2b_error(exc)
+
+
+SANDBOX_ID = b"e2b-sandbox-id"
+
+
+def _tenant(auth: Auth, headers: Mapping[str, str], path: bytes) -> str:
+    return auth.tenant_of_e2b(headers, data_plane=is_data_plane(path))
+
+
+def _sandbox_of_host(path: bytes, host: bytes, credentials: Mapping[bytes, str]) -> tuple[bytes, bytes] | None:
+    """E2B's addressing (e2b 1.x's only one): a data-plane call names its sandbox by its host,
+    ``<port>-<sandbox id>.<domain>``; the front door adds it as the header every layer reads."""
+    if SANDBOX_ID in credentials or not is_data_plane(path):
+        return None
+    named = sandbox_in_host(host)
+    return (SANDBOX_ID, named[1]) if named is not None else None
+
+
+SURFACE = Surface(
+    "e2b",
+    e2b_error,
+    prefixes=CONTROL_PREFIXES + DATA_PREFIXES,
+    exact=DATA_EXACT,
+    owns=is_e2b,
+    # its key, a sandbox's access token (either name), and the sandbox a call is for
+    credentials=frozenset({b"x-api-key", b"x-access-token", b"e2b-traffic-access-token", SANDBOX_ID}),
+    tenant=_tenant,
+    host=_sandbox_of_host,
+)
 
 
 def _digest(key: str) -> str:

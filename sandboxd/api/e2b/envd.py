@@ -24,7 +24,6 @@ from connectrpc.request import RequestContext
 from protobuf import Oneof
 from protobuf.wkt import Timestamp
 
-from sandboxd.api.auth import Auth
 from sandboxd.api.e2b.cells import module_cell, new_marker, split_answer
 from sandboxd.api.e2b.envd_driver import ENVD_DRIVER
 from sandboxd.api.e2b.labels import TEMPLATE_LABEL
@@ -43,6 +42,7 @@ from sandboxd.errors import (
     SessionLost,
     UnknownSession,
 )
+from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
 from sandboxd.models import StepRequest
 

@@ -19,9 +19,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxd.api.e2b.names import known_nodes, session_of
 from sandboxd.api.e2b.paths import is_data_plane
-from sandboxd.api.surface import DropConnection, until_disconnected
+from sandboxd.api.surface import until_disconnected
 from sandboxd.cluster.forward import FORWARDED_BY
 from sandboxd.front.gateway import Gateway
+from sandboxd.front.surfaces import DropConnection
 from sandboxd.ids import owner_of
 
 # The request headers that mean something to the owner; nothing else crosses (no hop-by-hop headers).
