@@ -43,6 +43,7 @@ async def test_tool_listing_is_openai_shaped(http: httpx.AsyncClient) -> None:
     } <= tools.keys()
     fn = tools["find_user_id_by_name_zip"]
     assert fn["type"] == "function" and fn["function"]["parameters"]["required"] == ["first_name", "last_name", "zip"]
+    assert (r.json()["sessions"], r.json()["fork"], r.json()["interrupt"]) == (True, True, False)  # as declared
     assert (await http.get("/runners/nope")).status_code == 422
 
 

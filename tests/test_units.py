@@ -723,3 +723,18 @@ def test_the_front_processes_code_imports_nothing_of_the_surfaces_above_it() -> 
                 assert not node.module.startswith(("sandboxd.api", "sandboxd.app")), (path.name, node.module)
             elif isinstance(node, ast.Import):
                 assert not any(a.name.startswith("sandboxd.api") for a in node.names), path.name
+
+
+def test_every_kind_declares_its_capabilities_and_its_runner_has_each() -> None:
+    """The core reads what a kind declares (forks, interrupts, burst slots, borrowed slots), never its runner's
+    attributes; a worker refuses a runner that lacks a method its kind declares."""
+    from sandboxd.runners.base import Capabilities
+
+    registry = kinds()
+    for name in BUILTIN:
+        kind = registry[name]
+        assert kind.capabilities.missing_from(kind.runner_class()) == [], name
+    assert registry["python"].capabilities == Capabilities(fork=True, interrupt=True, burst=True)
+    code = registry["code"].capabilities
+    assert code.borrows_slots and not code.fork and registry["code"].no_fork  # a one-shot kind, said why
+    assert Capabilities(fork=True, interrupt=True).missing_from(object()) == ["fork_session", "interrupt_session"]

@@ -170,6 +170,10 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             "title": k.title,
             "action_schema": k.action.model_json_schema(),
             "observation_schema": k.observation.model_json_schema(),
+            # what its sessions can do: sessions at all, forks (POST /sessions/{id}/fork), interrupts
+            "sessions": not k.no_sessions,
+            "fork": k.capabilities.fork,
+            "interrupt": k.capabilities.interrupt,
         }
         if k.describe is not None:
             # Off the event loop: a kind may probe the host the first time (the code kind's toolchains).

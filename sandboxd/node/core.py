@@ -345,8 +345,8 @@ class NodeCore:
         if w is None:
             raise SessionLost(f"session {source} was lost: its worker was replaced", session_id=source)
         kind = self.kinds[entry.runner]
-        if kind.no_fork:
-            raise BadRequest(kind.no_fork)
+        if not kind.capabilities.fork:
+            raise BadRequest(kind.no_fork or f"{entry.runner} sessions cannot be forked")
         self.ledger.check_room(tenant, n)
         self.ledger.check_budget(entry.runner, n)
         ttl, idle = self._lifetimes(h.get("ttl_s"), h.get("idle_timeout_s"))

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeGuard
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,8 +29,8 @@ from sandboxd.errors import BadRequest, SandboxdError, Saturated
 class SlotLender(Protocol):
     """More of a kind's slots for the step that holds one, for work it can spread (a program's test cases).
 
-    A runner whose class says ``borrows_slots = True`` gets one in its one-shot steps' limits; the others'
-    steps go without (no per-step work for kinds that never borrow)."""
+    A kind that declares ``Capabilities(borrows_slots=True)`` gets one in its one-shot steps' limits; the
+    others' steps go without (no per-step work for kinds that never borrow)."""
 
     def borrow(self) -> bool:
         """One more slot, now, if one is free, nobody waits, and the step's tenant is below its fair share."""
@@ -86,37 +86,6 @@ class StepOutcome:
     # The node failed the step after part of it ran (a browser action it starved twice): the step is answered
     # as this error (its status, blame infra), with the observation of what was done by then.
     infra: SandboxdError | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "observation": self.observation.model_dump(mode="json"),
-            "failure": None if self.failure is None else {"code": self.failure.code, "message": self.failure.message},
-            "session_alive": self.session_alive,
-            "killed_by": self.killed_by,
-            "limits_hit": list(self.limits_hit),
-        }
-
-
-@dataclass(frozen=True)
-class WireOutcome:
-    """A ``StepOutcome`` as the gateway receives it: the observation is plain JSON."""
-
-    observation: dict[str, Any]
-    failure: ProgramFailure | None
-    session_alive: bool
-    killed_by: str | None
-    limits_hit: tuple[str, ...]
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> WireOutcome:
-        f = data.get("failure")
-        return cls(
-            observation=data["observation"],
-            failure=ProgramFailure(str(f["code"]), str(f["message"])) if f else None,
-            session_alive=bool(data.get("session_alive", True)),
-            killed_by=data.get("killed_by"),
-            limits_hit=tuple(data.get("limits_hit") or ()),
-        )
 
 
 @dataclass(frozen=True)
@@ -218,12 +187,28 @@ class InterruptingRunner(Runner, Protocol):
         ...
 
 
-def can_interrupt(runner: Runner) -> TypeGuard[InterruptingRunner]:
-    return callable(getattr(runner, "interrupt_session", None))
+class BurstingRunner(Runner, Protocol):
+    """A runner with slots beyond its capacity for tenants below their fair share (the worker's admission)."""
+
+    def burst_capacity(self) -> int:
+        """Burst slots this instance takes."""
+        ...
 
 
-def can_fork(runner: Runner) -> bool:
-    return callable(getattr(runner, "fork_session", None))
+@dataclass(frozen=True)
+class Capabilities:
+    """What a kind's runner does beyond the ``Runner`` protocol, declared with the kind: the core reads this,
+    never the runner's attributes, and a worker refuses to start a runner that lacks a method it declares."""
+
+    fork: bool = False  # ``ForkingRunner.fork_session``: POST /sessions/{id}/fork
+    interrupt: bool = False  # ``InterruptingRunner.interrupt_session``: a client that stopped waiting for a step
+    burst: bool = False  # ``BurstingRunner.burst_capacity``: slots for tenants below their fair share
+    borrows_slots: bool = False  # its one-shot steps get a ``SlotLender`` (test cases spread over free slots)
+
+    def missing_from(self, runner: object) -> list[str]:
+        """The methods this declaration promises that ``runner`` lacks."""
+        wanted = [("fork_session", self.fork), ("interrupt_session", self.interrupt), ("burst_capacity", self.burst)]
+        return [name for name, declared in wanted if declared and not callable(getattr(runner, name, None))]
 
 
 def refuse_fork_at_cap(kind: str, held: int, n: int, cap: int, session_id: str) -> None:
@@ -249,6 +234,7 @@ class RunnerKind:
     ``default_enabled`` false keeps a kind off unless ``runners`` names it.
     ``describe(config)`` adds kind-specific fields to ``GET /runners/{kind}`` (e.g. the
     tools listing in the OpenAI function-calling shape, the python environments built).
+    ``capabilities`` says what its runner does beyond the protocol (forks, interrupts, burst slots).
     """
 
     name: str
@@ -261,7 +247,8 @@ class RunnerKind:
     admit: AdmitHook | None = None
     describe: Callable[[Any], dict[str, Any]] | None = None
     session_options: type[BaseModel] | None = None
-    # Why this kind's sessions cannot be forked, when its runner has no ``fork_session`` (a 422 says it).
+    capabilities: Capabilities = Capabilities()
+    # Why this kind's sessions cannot be forked, when it does not declare ``fork`` (a 422 says it).
     no_fork: str = ""
     # Why this kind has no sessions at all (one-shot steps only), or empty: ``POST /sessions`` is a 422 saying it.
     no_sessions: str = ""

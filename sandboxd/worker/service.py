@@ -47,14 +47,14 @@ from sandboxd.models import StepRequest
 from sandboxd.registry import kinds
 from sandboxd.rollouts import RolloutClock
 from sandboxd.runners.base import (
+    BurstingRunner,
     ForkingRunner,
+    InterruptingRunner,
     Runner,
     RunnerContext,
     RunnerKind,
     StepLimits,
     StepOutcome,
-    can_fork,
-    can_interrupt,
     validation_message,
 )
 from sandboxd.worker.admission import Admission
@@ -96,16 +96,22 @@ class Worker:
 
     async def start(self) -> None:
         for name, kind in self.kinds.items():
-            self.runners[name] = kind.runner_class()(self.settings.runner_config(name), self.ctx)
+            runner = kind.runner_class()(self.settings.runner_config(name), self.ctx)
+            if missing := kind.capabilities.missing_from(runner):
+                raise TypeError(f"runner kind {name!r} declares capabilities its runner lacks: {', '.join(missing)}")
+            self.runners[name] = runner
         # Kinds whose steps may spread over more slots (``runners.base.SlotLender``): only they get a lender.
-        self._borrowers = {name for name, r in self.runners.items() if getattr(r, "borrows_slots", False)}
+        self._borrowers = {name for name, kind in self.kinds.items() if kind.capabilities.borrows_slots}
         await asyncio.gather(*(r.start() for r in self.runners.values()))
         capacity = {k: r.capacity() for k, r in self.runners.items()}
         # The node's queue, shared out over the workers that host each kind (the node updates the shares when a
         # worker dies or comes back: the others then take its part).
         q = self.settings.queue_max
         queue_max = {k: max(1, math.ceil(q / len(self.settings.hosting(k)))) if q else 0 for k in capacity}
-        burst = {k: int(getattr(r, "burst_capacity", lambda: 0)()) for k, r in self.runners.items()}
+        burst = {
+            k: cast(BurstingRunner, r).burst_capacity() if self.kinds[k].capabilities.burst else 0
+            for k, r in self.runners.items()
+        }
         weights = {tenant_of_key(key): w for key, w in self.settings.tenant_weights.items()}
         self.admission = Admission(self.index, capacity, queue_max, self.board, burst, weights)
         self._reaper = asyncio.create_task(self._reap_loop())
@@ -148,7 +154,8 @@ class Worker:
             rec = self.sessions.get(h["session_id"], h["tenant"])
             run = self.runners.get(rec.runner)
             ours = rec.busy and rec.step_key is not None and rec.step_key == h.get("step_key")
-            hit = ours and run is not None and can_interrupt(run) and await run.interrupt_session(rec.session_id)
+            interruptible = run is not None and self.kind(rec.runner).capabilities.interrupt
+            hit = ours and interruptible and await cast(InterruptingRunner, run).interrupt_session(rec.session_id)
             return {"interrupted": hit}, b""
         if op == "status":
             return {}, orjson.dumps({sid: self.sessions.state(sid, h["tenant"]) for sid in h["session_ids"]})
@@ -340,7 +347,7 @@ class Worker:
         rec = self.sessions.get(h["source"], h["tenant"])
         kind = self.kind(rec.runner)
         run = self.runners[rec.runner]
-        if kind.no_fork or not can_fork(run):
+        if not kind.capabilities.fork:
             raise BadRequest(kind.no_fork or f"{rec.runner} sessions cannot be forked")
         if rec.busy:
             raise SessionBusy(

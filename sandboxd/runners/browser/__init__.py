@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandboxd.runners.base import RunnerKind
+from sandboxd.runners.base import Capabilities, RunnerKind
 from sandboxd.runners.browser.config import BrowserRunnerConfig
 from sandboxd.runners.browser.models import BrowserObservation, BrowserSessionOptions, BrowserStep
 
@@ -13,5 +13,6 @@ KIND = RunnerKind(
     action=BrowserStep,
     observation=BrowserObservation,
     runner="sandboxd.runners.browser.runner:BrowserRunner",
+    capabilities=Capabilities(fork=True),
     session_options=BrowserSessionOptions,
 )

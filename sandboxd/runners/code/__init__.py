@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.errors import BadRequest, PayloadTooLarge
-from sandboxd.runners.base import RunnerKind, StepLimits
+from sandboxd.runners.base import Capabilities, RunnerKind, StepLimits
 from sandboxd.runners.code.config import CodeRunnerConfig
 from sandboxd.runners.code.models import CodeAction, CodeObservation
 from sandboxd.runners.python import check_limits, check_payload
@@ -88,6 +88,7 @@ KIND = RunnerKind(
     action=CodeAction,
     observation=CodeObservation,
     runner="sandboxd.runners.code.runner:CodeRunner",
+    capabilities=Capabilities(burst=True, borrows_slots=True),
     admit=_admit,
     describe=describe,
     no_fork="code steps are one-shots: the code runner has no sessions to fork",

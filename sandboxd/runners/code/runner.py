@@ -71,8 +71,6 @@ def case_verdict(obs: PythonObservation, case: TestCase, compare: str) -> CaseRe
 
 
 class CodeRunner(PythonRunner):
-    borrows_slots = True  # its cases spread over free slots (``StepLimits.lender``)
-
     def __init__(self, cfg: CodeRunnerConfig, ctx: RunnerContext) -> None:
         super().__init__(cfg, ctx)
         self.code_cfg = cfg

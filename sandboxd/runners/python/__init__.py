@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.errors import BadRequest, PayloadTooLarge
-from sandboxd.runners.base import RunnerKind, StepLimits
+from sandboxd.runners.base import Capabilities, RunnerKind, StepLimits
 from sandboxd.runners.python import environments
 from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.models import PythonAction, PythonObservation, PythonSessionOptions, StepFiles
@@ -65,6 +65,7 @@ KIND = RunnerKind(
     observation=PythonObservation,
     session_options=PythonSessionOptions,
     runner="sandboxd.runners.python.runner:PythonRunner",
+    capabilities=Capabilities(fork=True, interrupt=True, burst=True),
     admit=_admit,
     describe=describe,
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandboxd.runners.base import RunnerKind
+from sandboxd.runners.base import Capabilities, RunnerKind
 from sandboxd.runners.sql.config import SQLRunnerConfig
 from sandboxd.runners.sql.models import SQLAction, SQLObservation
 
@@ -13,4 +13,5 @@ KIND = RunnerKind(
     action=SQLAction,
     observation=SQLObservation,
     runner="sandboxd.runners.sql.runner:SQLRunner",
+    capabilities=Capabilities(fork=True),
 )

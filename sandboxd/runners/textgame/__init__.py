@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandboxd.runners.base import RunnerKind
+from sandboxd.runners.base import Capabilities, RunnerKind
 from sandboxd.runners.textgame.config import TextgameRunnerConfig
 from sandboxd.runners.textgame.models import TextgameAction, TextgameObservation
 
@@ -13,4 +13,5 @@ KIND = RunnerKind(
     action=TextgameAction,
     observation=TextgameObservation,
     runner="sandboxd.runners.textgame.runner:TextgameRunner",
+    capabilities=Capabilities(fork=True),
 )

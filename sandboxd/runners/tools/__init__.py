@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandboxd.runners.base import RunnerKind
+from sandboxd.runners.base import Capabilities, RunnerKind
 from sandboxd.runners.tools.config import ToolsRunnerConfig
 from sandboxd.runners.tools.models import ToolAction, ToolObservation
 
@@ -22,5 +22,6 @@ KIND = RunnerKind(
     action=ToolAction,
     observation=ToolObservation,
     runner="sandboxd.runners.tools.runner:ToolsRunner",
+    capabilities=Capabilities(fork=True),
     describe=describe,
 )
