@@ -21,7 +21,7 @@ import pytest
 from sandboxd.config import settings_model
 from sandboxd.localnode import LocalRedis, free_port, local_node
 from sandboxd.registry import ENTRY_POINT_GROUP, kinds
-from sandboxd.runners.cgroups import _own_path
+from sandboxd.runners.cgroups import CgroupGroup, _delegate_controllers, _move_into_leaf, _own_path, detect_version
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_KIND = "tests.fake_runner:KIND"
@@ -63,6 +63,56 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def own_cgroup(controller: str) -> Path:
     """This process's own group of a v1 ``controller``: where a test makes a pod, a neighbour or a leftover."""
     return Path("/sys/fs/cgroup") / controller / _own_path(controller).lstrip("/")
+
+
+_V2_PARENT: list[Path] = []
+
+
+def _v2_parent() -> Path:
+    """cgroup v2: where a test makes its groups. The tests' own group holds processes (pytest), and v2 hands
+    controllers only to the children of a group that holds none: so, once, pytest's processes move into a leaf
+    and the group delegates, as the node does in its pod (``CgroupRoot``)."""
+    if not _V2_PARENT:
+        own = Path("/sys/fs/cgroup") / _own_path(None).lstrip("/")
+        if not _delegate_controllers(own):
+            _move_into_leaf(own)
+            _delegate_controllers(own)
+        _V2_PARENT.append(own)
+    return _V2_PARENT[0]
+
+
+@contextlib.contextmanager
+def scratch_group(name: str, controllers: tuple[str, ...] = ("memory", "pids")) -> Iterator[CgroupGroup]:
+    """A group beside the tests (a pod a node runs in, a neighbour), on either cgroup version; removed after,
+    with whatever still runs in it."""
+    if detect_version() == 1:
+        group = CgroupGroup({c: own_cgroup(c) / name for c in controllers}, 1)
+    else:
+        group = CgroupGroup({"unified": _v2_parent() / name}, 2)
+    for d in dict.fromkeys(group.dirs.values()):
+        d.mkdir(exist_ok=True)
+    try:
+        yield group
+    finally:
+        group.remove()
+
+
+def set_group_limits(group: CgroupGroup, memory: int | None = None, pids: int | None = None) -> None:
+    """A test group's limits; a negative one is none."""
+    v1 = group.version == 1
+    if memory is not None:
+        path = group.dirs["memory"] / "memory.limit_in_bytes" if v1 else group.dirs["unified"] / "memory.max"
+        path.write_text(str(memory) if memory >= 0 or v1 else "max")
+    if pids is not None:
+        (group.dirs["pids" if v1 else "unified"] / "pids.max").write_text("max" if pids < 0 else str(pids))
+
+
+def group_usage(group: CgroupGroup) -> tuple[int, int]:
+    """Bytes and pids a test group holds now."""
+    v1 = group.version == 1
+    mem = group.dirs["memory"] / "memory.usage_in_bytes" if v1 else group.dirs["unified"] / "memory.current"
+    pids = group.dirs["pids" if v1 else "unified"] / "pids.current"
+    return int(mem.read_text()), int(pids.read_text())
 
 
 def running_node(**settings: object) -> contextlib.AbstractContextManager[str]:

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from sandboxd.runners.cgroups import CgroupGroup, detect_version
-from tests.conftest import own_cgroup, running_node_in
+from sandboxd.runners.cgroups import CgroupGroup
+from tests.conftest import group_usage, running_node_in, scratch_group, set_group_limits
 
 pytestmark = pytest.mark.nsjail
 
@@ -29,18 +29,9 @@ KEY_A, KEY_B = "pressure-tenant-a", "pressure-tenant-b"
 MIB = 1 << 20
 
 
-@contextlib.contextmanager
-def make_pod(name: str) -> Iterator[CgroupGroup]:
-    """A pod-like group: memory and pids limits set by each test, a node inside it."""
-    if detect_version() != 1:
-        pytest.skip("this machine's layout: cgroup v1 (the v2 counters are the same rule, one file each)")
-    group = CgroupGroup({c: own_cgroup(c) / f"{name}-{os.getpid()}" for c in ("memory", "pids")}, 1)
-    for d in group.dirs.values():
-        d.mkdir(exist_ok=True)
-    try:
-        yield group
-    finally:
-        group.remove()
+def make_pod(name: str) -> contextlib.AbstractContextManager[CgroupGroup]:
+    """A pod-like group (either cgroup version): memory and pids limits set by each test, a node inside it."""
+    return scratch_group(f"{name}-{os.getpid()}")
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +42,7 @@ def pod() -> Iterator[CgroupGroup]:
 
 @pytest.fixture(scope="module")
 def node(pod: CgroupGroup) -> Iterator[str]:
-    procs = tuple(str(d / "cgroup.procs") for d in pod.dirs.values())
+    procs = tuple(str(d / "cgroup.procs") for d in dict.fromkeys(pod.dirs.values()))
     with running_node_in(
         procs,
         runners='["python"]',
@@ -85,16 +76,11 @@ def blame(result: dict[str, Any]) -> str | None:
 
 
 def set_pod(pod: CgroupGroup, memory: int | None = None, pids: int | None = None) -> None:
-    if memory is not None:
-        (pod.dirs["memory"] / "memory.limit_in_bytes").write_text(str(memory))
-    if pids is not None:
-        (pod.dirs["pids"] / "pids.max").write_text("max" if pids < 0 else str(pids))
+    set_group_limits(pod, memory, pids)
 
 
 def pod_usage(pod: CgroupGroup) -> tuple[int, int]:
-    mem = int((pod.dirs["memory"] / "memory.usage_in_bytes").read_text())
-    pids = int((pod.dirs["pids"] / "pids.current").read_text())
-    return mem, pids
+    return group_usage(pod)
 
 
 async def open_sessions(a: httpx.AsyncClient, n: int) -> list[str]:
@@ -220,7 +206,7 @@ def test_the_node_budget_refuses_sessions_before_the_pod_kills_anyone() -> None:
     429 naming the budget, and B's program runs (before: A got its ten, and the pod's OOM killed B's
     program, or one of A's)."""
     with make_pod("budget") as pod:
-        procs = tuple(str(d / "cgroup.procs") for d in pod.dirs.values())
+        procs = tuple(str(d / "cgroup.procs") for d in dict.fromkeys(pod.dirs.values()))
         settings = {
             "runners": '["python"]',
             "workers": 1,

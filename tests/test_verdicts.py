@@ -26,9 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from sandboxd.runners.cgroups import CgroupGroup, detect_version
 from sandboxd.runners.python.jailside import landlock
-from tests.conftest import own_cgroup, running_node
+from tests.conftest import running_node, scratch_group
 from tests.verdict_corpus import CORPUS, TIMEOUT_S, Case, verdict_of
 
 pytestmark = [pytest.mark.nsjail, pytest.mark.timeout(600)]
@@ -146,27 +145,21 @@ async def test_a_tenants_looping_sessions_beyond_the_slots_are_its_own_timeouts(
 def hostile_neighbour() -> Iterator[None]:
     """Another pod on the same host: a group of its own (2 cores of CPU quota, 1 GiB) whose processes burn
     both CPUs and hold memory, started outside the node."""
-    if detect_version() != 1:
-        pytest.skip("this machine's layout: cgroup v1")
-    name = f"neighbour-{os.getpid()}"
-    group = CgroupGroup({c: own_cgroup(c) / name for c in ("memory", "pids", "cpu")}, 1)
-    for d in group.dirs.values():
-        d.mkdir(exist_ok=True)
-    group.set_limits(1 << 30, 64)
-    group.set_cpu(2.0)
-    burn = "import threading\nb = bytearray(400 << 20)\nwhile True: pass"
-    procs = []
-    try:
-        for _ in range(3):
-            procs.append(subprocess.Popen([sys.executable, "-c", burn]))
-            group.add(procs[-1].pid)
-        time.sleep(0.5)
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        group.remove()
+    with scratch_group(f"neighbour-{os.getpid()}", ("memory", "pids", "cpu")) as group:
+        group.set_limits(1 << 30, 64)
+        group.set_cpu(2.0)
+        burn = "import threading\nb = bytearray(400 << 20)\nwhile True: pass"
+        procs = []
+        try:
+            for _ in range(3):
+                procs.append(subprocess.Popen([sys.executable, "-c", burn]))
+                group.add(procs[-1].pid)
+            time.sleep(0.5)
+            yield
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
 
 
 async def test_every_case_beside_a_hostile_neighbour(node: str) -> None:
