@@ -26,7 +26,7 @@ import pytest
 
 from tests.conftest import running_node
 
-pytestmark = [pytest.mark.nsjail, pytest.mark.chromium]
+pytestmark = [pytest.mark.node, pytest.mark.browser]
 
 PROBE_PAGE = """<!doctype html><html><head><title>probe</title></head><body><pre id="out"></pre><script>
 const out = document.getElementById('out');

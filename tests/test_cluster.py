@@ -22,7 +22,7 @@ import pytest
 from sandboxd.api.e2b.names import node_tag
 from sandboxd.localnode import LocalRedis, NodeProcess
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.node, pytest.mark.timeout(300)]
 
 KEY_A = "key-a-0123456789abcdef"
 KEY_B = "key-b-0123456789abcdef"

@@ -19,7 +19,7 @@ import pytest
 
 from sandboxd.localnode import LocalRedis, NodeProcess
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.node, pytest.mark.timeout(300)]
 
 KEY = "key-membership-0123456789"
 HEARTBEAT_S, TTL_S = 3.0, 9.0

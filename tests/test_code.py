@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import running_node
 
-pytestmark = pytest.mark.nsjail
+pytestmark = pytest.mark.node
 
 CACHE = tempfile.mkdtemp(prefix="sandboxd-ccache-")
 

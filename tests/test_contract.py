@@ -21,7 +21,7 @@ from sandboxd.registry import kinds
 from sandboxd.runners.tools import data
 from tests.conftest import running_node
 
-pytestmark = pytest.mark.nsjail
+pytestmark = pytest.mark.node
 
 CAP = 2
 PENDING = next(o["order_id"] for o in data.build().orders.values() if o["status"] == "pending")

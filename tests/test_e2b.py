@@ -28,7 +28,7 @@ from e2b_code_interpreter.charts import BarChart, BoxAndWhiskerChart, LineChart,
 
 from tests.conftest import running_node
 
-pytestmark = [pytest.mark.nsjail, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.node, pytest.mark.timeout(180)]
 
 KEY_A = "e2b_" + "a1" * 20
 KEY_B = "e2b_" + "b2" * 20

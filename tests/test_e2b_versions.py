@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import running_node
 from tests.tlsfront import TlsFront
 
-pytestmark = [pytest.mark.nsjail, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.node, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOWS = ROOT / "tests" / "e2b_sdk" / "sdk_flows.py"

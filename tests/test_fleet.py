@@ -294,7 +294,7 @@ async def _render(html_text: str, tmp_path: Path) -> Any:
     return facts, requests, shot
 
 
-@pytest.mark.chromium
+@pytest.mark.browser
 async def test_fleet_report_renders_in_chromium(two_machines: tuple[Path, Path], tmp_path: Path) -> None:
     locations = [str(d) for d in two_machines]
     machines = results.load(locations)
@@ -317,7 +317,7 @@ async def test_fleet_report_renders_in_chromium(two_machines: tuple[Path, Path],
     assert "-32%" in facts["text"] or "-32.0%" in facts["text"]  # m8g against m7i on B9
 
 
-@pytest.mark.chromium
+@pytest.mark.browser
 async def test_run_report_shows_interference_in_chromium(tmp_path: Path) -> None:
     inst = {"instance_type": "m7i.large", "arch": "x86_64", "vcpus": 2, "cpu_model": "x", "mem_gb": 8}
     b9 = _run("B9", inst, 8, 1.5, 20_000.0)

@@ -19,6 +19,8 @@ from sandboxd.client import SandboxClient
 from sandboxd.runners.tools.data import build
 from tests.conftest import running_node, step_ok
 
+pytestmark = pytest.mark.node
+
 DB = build()
 KEY_A = "fork-key-a-0123456789"
 KEY_B = "fork-key-b-0123456789"

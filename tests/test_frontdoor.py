@@ -21,7 +21,7 @@ import pytest
 
 from sandboxd.localnode import NodeProcess, free_port
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.node, pytest.mark.timeout(180)]
 KEY, OTHER = "frontdoor-key-0123456789ab", "frontdoor-other-0123456789"
 
 

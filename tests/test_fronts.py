@@ -19,7 +19,7 @@ import pytest
 
 from sandboxd.localnode import NodeProcess
 
-pytestmark = [pytest.mark.nsjail, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.node, pytest.mark.timeout(300)]
 KEY = "fronts-key-0123456789abcdef"
 
 

@@ -21,7 +21,7 @@ from schemathesis.core.result import Ok
 
 from tests.conftest import running_node
 
-pytestmark = [pytest.mark.nsjail, pytest.mark.slow]
+pytestmark = [pytest.mark.node, pytest.mark.slow]
 
 EXAMPLES = 60
 OPERATIONS = [

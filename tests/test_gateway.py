@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import running_node
 
+pytestmark = pytest.mark.node
+
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[str]:

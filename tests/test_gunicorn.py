@@ -17,7 +17,7 @@ import pytest
 
 from sandboxd.localnode import free_port, wait_ready
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.node, pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parents[1]
 
 

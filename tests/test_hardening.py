@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import running_node
 
-pytestmark = pytest.mark.nsjail
+pytestmark = pytest.mark.node
 
 KEY_A = "key-a-0123456789abcdef"
 KEY_B = "key-b-0123456789abcdef"

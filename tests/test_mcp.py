@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import running_node
 
-pytestmark = [pytest.mark.nsjail, pytest.mark.chromium]
+pytestmark = [pytest.mark.node, pytest.mark.browser]
 
 KEY, OTHER = "mcp-test-key-0123456789", "mcp-other-tenant-0123456789"
 

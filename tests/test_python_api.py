@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import running_node
 
-pytestmark = pytest.mark.nsjail
+pytestmark = pytest.mark.node
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from sandboxd.runners.python.environments import available
 from sandboxd.runners.python.runner import import_pattern
 from tests.conftest import running_node
 
-pytestmark = pytest.mark.nsjail
+pytestmark = pytest.mark.node
 
 ENVS_DIR = PythonRunnerConfig.model_fields["environments_dir"].default
 if "default" not in available(ENVS_DIR):

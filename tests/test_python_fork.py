@@ -24,7 +24,7 @@ from sandboxd.runners.python.jailside import landlock
 from tests.conftest import running_node
 
 pytestmark = [
-    pytest.mark.nsjail,
+    pytest.mark.node,
     pytest.mark.skipif(landlock.abi() < landlock.MIN_ABI, reason="python fork needs Landlock ABI 6 (Linux 6.12)"),
 ]
 

@@ -21,6 +21,8 @@ import pytest
 from sandboxd.client import SandboxClient
 from tests.conftest import own_cgroup, running_node
 
+pytestmark = pytest.mark.node
+
 KEY_A = "runs-key-a-0123456789"
 KEY_B = "runs-key-b-0123456789"
 ROOT = Path(__file__).resolve().parents[1]

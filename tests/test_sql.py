@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import running_node, step_ok
 
+pytestmark = pytest.mark.node
+
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

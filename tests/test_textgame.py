@@ -11,6 +11,8 @@ import pytest
 from sandboxd.runners.textgame.world import TEMPLATES, World, heuristic_action, play_batch
 from tests.conftest import running_node
 
+pytestmark = pytest.mark.node
+
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[str]:

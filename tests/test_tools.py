@@ -12,6 +12,8 @@ from sandboxd.bench.trajectories import build_pool
 from sandboxd.runners.tools import data
 from tests.conftest import running_node, step_ok
 
+pytestmark = pytest.mark.node
+
 DB = data.build()
 
 

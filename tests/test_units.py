@@ -738,3 +738,19 @@ def test_every_kind_declares_its_capabilities_and_its_runner_has_each() -> None:
     code = registry["code"].capabilities
     assert code.borrows_slots and not code.fork and registry["code"].no_fork  # a one-shot kind, said why
     assert Capabilities(fork=True, interrupt=True).missing_from(object()) == ["fork_session", "interrupt_session"]
+
+
+def test_every_test_module_that_starts_a_node_is_marked_so() -> None:
+    """`scripts/test.sh --quick` runs what is not marked ``node`` (or ``bench``): a module that starts a node,
+    nsjail or a Redis without the mark would make the quick lane slow, or fail it where there is no root."""
+    import ast
+
+    starts = ("running_node", "local_node", "NodeProcess", "redis_server", "http: httpx.AsyncClient", "node: str")
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        text = path.read_text()
+        marks: list[str] = []
+        for stmt in ast.parse(text).body:
+            if isinstance(stmt, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in stmt.targets):
+                marks = [ast.unparse(e) for e in getattr(stmt.value, "elts", [stmt.value])]
+        if any(s in text for s in starts) and path.name != Path(__file__).name:
+            assert "pytest.mark.node" in marks, f"{path.name} starts a node but is not marked pytest.mark.node"

@@ -30,7 +30,7 @@ from sandboxd.runners.python.jailside import landlock
 from tests.conftest import running_node, scratch_group
 from tests.verdict_corpus import CORPUS, TIMEOUT_S, Case, verdict_of
 
-pytestmark = [pytest.mark.nsjail, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.node, pytest.mark.timeout(600)]
 
 KEY_A, KEY_B = "e2b_" + "a7" * 20, "verdicts-tenant-b-0123"
 SLOTS = 4  # per worker; two workers
