@@ -238,3 +238,37 @@ async def test_the_session_cap_is_a_429_with_retry_after(http: httpx.AsyncClient
     finally:
         for sid in held:
             await http.delete(f"/sessions/{sid}")
+
+
+async def test_a_kind_from_a_package_of_its_own_is_served_by_every_surface(http: httpx.AsyncClient) -> None:
+    """The test-only ``fake`` kind is registered by an entry point of a distribution of its own
+    (tests/conftest.py), and no module of sandboxd names it: GET /runners, OpenEnv and MCP serve it from its
+    declaration (its action model's fields become its MCP tool's parameters)."""
+    import httpx2
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    assert "fake" in (await http.get("/runners")).json()["runners"]
+    described = (await http.get("/runners/fake")).json()
+    assert "echo" in described["action_schema"]["properties"] and described["fork"] is False
+    reset = await http.post("/envs/fake/reset", json={})
+    assert reset.status_code == 200, reset.text
+    stepped = await http.post("/envs/fake/step", json={"action": {"echo": "via openenv"}})
+    assert stepped.status_code == 200, stepped.text  # a kind without a shape of its own: the step result, whole
+    assert stepped.json()["observation"]["observation"]["echo"] == "via openenv", stepped.text
+    async with (
+        httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as client,
+        streamable_http_client(str(http.base_url).rstrip("/") + "/mcp", http_client=client) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        schema = tools["run_fake"].input_schema["properties"]
+        assert {"echo", "sleep_s", "fail", "session_id", "timeout_s"} <= set(schema) and "ctx" not in schema
+        assert schema["sleep_s"]["description"] == "How long the step takes."
+        said = await session.call_tool("run_fake", {"echo": {"n": 1}})
+        assert not said.is_error and said.structured_content["observation"]["echo"] == {"n": 1}, said
+        failed = await session.call_tool("run_fake", {"fail": True})  # the program's own failure: a result
+        assert not failed.is_error and failed.structured_content["error"]["blame"] == "program", failed
+        refused = await session.call_tool("run_fake", {"sleep_s": 1e6})  # not the program's: a tool error
+        assert refused.is_error and "sleep_s" in str(refused.content[0]), refused

@@ -22,6 +22,7 @@ else" from "the sandbox failed".
 
 import contextlib
 import copy
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
@@ -29,7 +30,8 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
-from pydantic import WithJsonSchema
+from pydantic import Field, WithJsonSchema
+from pydantic_core import to_jsonable_python
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -40,6 +42,7 @@ from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
 from sandboxd.front.surfaces import Surface, json_response, retry_headers
 from sandboxd.models import SessionCreate, StepRequest, StepResult
+from sandboxd.runners.base import RunnerKind
 
 INSTRUCTIONS = (
     "Sandboxed execution for agents. One-shot tools run in a fresh sandbox; pass session_id (from "
@@ -84,6 +87,46 @@ def mcp_error(exc: SandboxdError) -> Response:
 
 
 SURFACE = Surface("mcp", mcp_error, prefixes=(b"/mcp",))
+
+
+StepTool = Callable[[Any, str, Any, "str | None", "float | None"], Awaitable[Any]]
+PARAM = inspect.Parameter
+
+
+def _kind_tool(kind: RunnerKind, step: StepTool) -> Callable[..., Awaitable[dict[str, Any]]]:
+    """A kind's MCP tool, from its declaration alone (any registered kind, a third party's too): its action
+    model's fields as the tool's parameters (their types, defaults and descriptions: the SDK draws the schema
+    from the signature), or one ``action`` parameter of the model's type when the model is a union (a root
+    model); then ``session_id`` and ``timeout_s``. Arguments left at their defaults are not sent, so the kind's
+    own model decides what an absent field means."""
+    model = kind.action
+    rooted = bool(getattr(model, "__pydantic_root_model__", False))
+    fields = {"action": model.model_fields["root"]} if rooted else model.model_fields
+    params: list[inspect.Parameter] = []
+    defaults: dict[str, Any] = {}
+    for name, info in fields.items():
+        default = PARAM.empty if info.is_required() else info.get_default(call_default_factory=True)
+        defaults[name] = default
+        described = Field(description=info.description, discriminator=info.discriminator)
+        annotation = Annotated[info.annotation, *info.metadata, described]  # type: ignore[name-defined]
+        params.append(PARAM(name, PARAM.KEYWORD_ONLY, annotation=annotation, default=default))
+    params += [
+        PARAM("session_id", PARAM.KEYWORD_ONLY, annotation=str | None, default=None),
+        PARAM("timeout_s", PARAM.KEYWORD_ONLY, annotation=float | None, default=None),
+        PARAM("ctx", PARAM.KEYWORD_ONLY, annotation=Context | None, default=None),
+    ]
+
+    async def call(**arguments: Any) -> dict[str, Any]:
+        ctx, session_id, timeout_s = arguments.pop("ctx", None), arguments.pop("session_id"), arguments.pop("timeout_s")
+        # the SDK hands nested models over as objects: the step takes the action as JSON, as any client sends it
+        given = {k: to_jsonable_python(v, by_alias=True) for k, v in arguments.items() if v != defaults.get(k)}
+        action = given.get("action") if rooted else given
+        result: dict[str, Any] = await step(ctx, kind.name, action, session_id, timeout_s)
+        return result
+
+    call.__signature__ = inspect.Signature(params, return_annotation=dict[str, Any])  # type: ignore[attr-defined]
+    call.__annotations__ = {p.name: p.annotation for p in params} | {"return": dict[str, Any]}
+    return call
 
 
 class NoStream:
@@ -149,7 +192,8 @@ class McpSurface:
         return _result(await self.gateway.step(req, tenant))
 
     def _register(self) -> None:
-        kinds = set(self.gateway.kinds)
+        """``open_session`` and ``close_session``; a tool per enabled kind, its parameters the fields of the kind's
+        action model (``_kind_tool``); and, for the retail API, a tool per retail tool."""
         server = self.server
         step = self._step
 
@@ -177,60 +221,11 @@ class McpSurface:
                 raise ToolFailed(f"{exc.code}: {exc.message}") from None
             return {"closed": session_id}
 
-        if "python" in kinds:
+        for kind in self.gateway.kinds.values():
+            description = f"{kind.title}: one step, one-shot or the next in session_id's session (open_session)."
+            server.add_tool(_kind_tool(kind, step), name=kind.tool or f"run_{kind.name}", description=description)
 
-            @server.tool(description="Run Python code (one-shot, or the next cell of session_id) in a jail.")
-            async def run_python(
-                code: str,
-                stdin: str = "",
-                session_id: str | None = None,
-                timeout_s: float | None = None,
-                ctx: Context | None = None,
-            ) -> dict[str, Any]:
-                result: dict[str, Any] = await step(
-                    ctx, "python", {"code": code, "stdin": stdin}, session_id, timeout_s
-                )
-                return result
-
-        if "sql" in kinds:
-
-            @server.tool(description="Run SQL on DuckDB over the node's read-only TPC-H data (or tpch=N).")
-            async def run_sql(
-                query: str | None = None,
-                tpch: int | None = None,
-                session_id: str | None = None,
-                timeout_s: float | None = None,
-                ctx: Context | None = None,
-            ) -> dict[str, Any]:
-                action = {k: v for k, v in (("query", query), ("tpch", tpch)) if v is not None}
-                result: dict[str, Any] = await step(ctx, "sql", action, session_id, timeout_s)
-                return result
-
-        if "textgame" in kinds:
-
-            @server.tool(description="Text game: {op: reset, seed} then {op: step, command} in a session.")
-            async def textgame(
-                action: dict[str, Any], session_id: str | None = None, ctx: Context | None = None
-            ) -> dict[str, Any]:
-                result: dict[str, Any] = await step(ctx, "textgame", action, session_id, None)
-                return result
-
-        if "browser" in kinds:
-
-            @server.tool(description="Browser actions (goto, click, fill, text, aria_snapshot, screenshot...).")
-            async def browser(
-                actions: list[dict[str, Any]],
-                session_id: str | None = None,
-                site: str = "shop",
-                timeout_s: float | None = None,
-                ctx: Context | None = None,
-            ) -> dict[str, Any]:
-                result: dict[str, Any] = await step(
-                    ctx, "browser", {"actions": actions, "site": site}, session_id, timeout_s
-                )
-                return result
-
-        if "tools" in kinds:
+        if "tools" in self.gateway.kinds:
             self._register_retail()
 
     def _register_retail(self) -> None:

@@ -248,6 +248,8 @@ class RunnerKind:
     describe: Callable[[Any], dict[str, Any]] | None = None
     session_options: type[BaseModel] | None = None
     capabilities: Capabilities = Capabilities()
+    # Its MCP tool's name (``run_<name>`` when empty); the tool's parameters are its action model's fields.
+    tool: str = ""
     # Why this kind's sessions cannot be forked, when it does not declare ``fork`` (a 422 says it).
     no_fork: str = ""
     # Why this kind has no sessions at all (one-shot steps only), or empty: ``POST /sessions`` is a 422 saying it.

@@ -14,5 +14,6 @@ KIND = RunnerKind(
     observation=BrowserObservation,
     runner="sandboxd.runners.browser.runner:BrowserRunner",
     capabilities=Capabilities(fork=True),
+    tool="browser",
     session_options=BrowserSessionOptions,
 )

@@ -14,4 +14,5 @@ KIND = RunnerKind(
     observation=TextgameObservation,
     runner="sandboxd.runners.textgame.runner:TextgameRunner",
     capabilities=Capabilities(fork=True),
+    tool="textgame",
 )
