@@ -292,7 +292,7 @@ def test_dockerfile_installs_what_setup_installs_and_builds_a_complete_wheel(tmp
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in (
         "sandboxd/py.typed",
-        "sandboxd/runners/python/jailside/zygote.py",
+        "sandboxd/runners/jail/jailside/zygote.py",
         "sandboxd/bench/data/prices.json",
         "sandboxd/runners/browser/sites/shop/index.html",
         "sandboxd/cluster/service.py",

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
+from sandboxd.runners.jail.jail import FORK_ROOT
+from sandboxd.runners.jail.jailside import landlock
 from sandboxd.runners.python import fork
-from sandboxd.runners.python.jail import FORK_ROOT
-from sandboxd.runners.python.jailside import landlock
 from tests.conftest import running_node
 
 pytestmark = [

@@ -27,9 +27,9 @@ from sandboxd.node.ledger import Entry, Ledger
 from sandboxd.registry import BUILTIN, kinds
 from sandboxd.runners.base import RunnerKind, import_string
 from sandboxd.runners.cgroups import CgroupGroup
+from sandboxd.runners.jail.jail import build_config, kafel_policy
+from sandboxd.runners.jail.jailside import seccomp, wire
 from sandboxd.runners.python.config import PythonRunnerConfig
-from sandboxd.runners.python.jail import build_config, kafel_policy
-from sandboxd.runners.python.jailside import seccomp, wire
 from sandboxd.runners.python.models import PythonAction
 from sandboxd.stores.idempotency import Idempotency, MemoryKV, Stored
 from sandboxd.worker.admission import Admission
@@ -40,8 +40,8 @@ def test_every_syscall_number_is_libseccomps_on_both_architectures() -> None:
     """Every number a filter or a raw ``syscall()`` uses (deny list, fork members' filter, capset, clone, openat2,
     Landlock), on x86_64 and aarch64, is what libseccomp's resolver says; a denied call a table lacks does not
     exist on that architecture (iopl and ioperm on aarch64)."""
+    from sandboxd.runners.jail.jailside import landlock, zygote
     from sandboxd.runners.python import snapshot
-    from sandboxd.runners.python.jailside import landlock, zygote
 
     resolver = shutil.which("scmp_sys_resolver")
     assert resolver, "scmp_sys_resolver: Debian's seccomp package, which scripts/setup.sh --test installs"

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandboxd.runners.python.jailside import landlock
+from sandboxd.runners.jail.jailside import landlock
 from tests.conftest import running_node, scratch_group
 from tests.verdict_corpus import CORPUS, TIMEOUT_S, Case, verdict_of
 

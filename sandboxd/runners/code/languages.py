@@ -19,8 +19,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandboxd.runners.jail.jail import env_path
 from sandboxd.runners.python.environments import Environment
-from sandboxd.runners.python.jail import env_path
 
 # Flags a C or C++ compile may be given: language standard, optimisation, macros, warnings, the
 # libraries SandboxFusion links. Nothing that names a file or a program (-o, -B, -wrapper, @file,

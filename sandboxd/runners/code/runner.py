@@ -1,12 +1,11 @@
-"""The ``code`` runner: compile once, run once or per case, in the python kind's warm jails.
+"""The ``code`` runner: compile once, run once or per case, in the jail core's warm one-shot slots.
 
-It is the python runner's pool of one-shot jails (a zygote per jail, one executor per execution, its
-cgroup, seccomp, namespaces; ``runners/python``) driven with another program: each execution's executor
-stages the files, takes its limits and then runs the language's command in a child it waits for
-(``jailside/zygote.py``, ``_exec_program``), reporting its status and the files asked for. A step holds
-one slot (what admission gave it) for its compilation and its runs, one after the other: compilation
-with its own time and memory limits, its artifact fetched back to the worker (and into the compile
-cache), then staged, executable, for every run.
+It composes the jail core (``runners/jail/``: a zygote per jail, one executor per execution, its cgroup,
+seccomp, namespaces, the blame rule) and drives it with another program: each execution's executor stages the
+files, takes its limits and then runs the language's command in a child it waits for (``jailside/zygote.py``,
+``_exec_program``), reporting its status and the files asked for. A step holds one slot (what admission gave
+it) for its compilation and its runs, one after the other: compilation with its own time and memory limits,
+its artifact fetched back to the worker (and into the compile cache), then staged, executable, for every run.
 """
 
 from __future__ import annotations
@@ -15,18 +14,21 @@ import asyncio
 import base64
 import functools
 import posixpath
+from pathlib import Path
 from typing import Any
 
 from sandboxd.errors import BadRequest
 from sandboxd.runners.base import ProgramFailure, RunnerContext, StepLimits, StepOutcome
+from sandboxd.runners.cgroups import CgroupRoot
 from sandboxd.runners.code.cache import CompileCache, cache_key
 from sandboxd.runners.code.config import CodeRunnerConfig
 from sandboxd.runners.code.languages import Toolchain, installed
 from sandboxd.runners.code.models import CaseResult, CodeAction, CodeObservation, CompileObservation, TestCase
+from sandboxd.runners.jail.executions import Executions
+from sandboxd.runners.jail.jail import python_executable
+from sandboxd.runners.jail.pool import Slot, SlotPool
 from sandboxd.runners.python.environments import served
-from sandboxd.runners.python.jail import python_executable
 from sandboxd.runners.python.models import PythonObservation
-from sandboxd.runners.python.runner import PythonRunner, Slot
 
 
 @functools.cache
@@ -70,35 +72,65 @@ def case_verdict(obs: PythonObservation, case: TestCase, compare: str) -> CaseRe
     return CaseResult(verdict=verdict, **obs.model_dump(include=RUN_FIELDS))  # type: ignore[arg-type]
 
 
-class CodeRunner(PythonRunner):
+class CodeRunner:
     def __init__(self, cfg: CodeRunnerConfig, ctx: RunnerContext) -> None:
-        super().__init__(cfg, ctx)
-        self.code_cfg = cfg
-        self.cache = CompileCache(cfg.compile_cache_dir, cfg.compile_cache_mb << 20)
+        self.cfg = cfg
+        self.name = ctx.name
+        self.execs = Executions("code", cfg)
+        self.stats = self.execs.stats
         self.stats.update(compiles=0, compile_cache_hits=0, compile_errors=0, cases_run=0, cases_parallel_lanes=0)
+        self.pool = SlotPool(cfg, ctx.runtime_dir / ctx.name, self.execs)
+        self.cache = CompileCache(cfg.compile_cache_dir, cfg.compile_cache_mb << 20)
+        self.root: CgroupRoot | None = None
+        self._healer: asyncio.Task[None] | None = None
+
+    def capacity(self) -> int:
+        return self.pool.capacity()
+
+    def burst_capacity(self) -> int:
+        return self.pool.burst_capacity()
 
     async def start(self) -> None:
-        await asyncio.to_thread(node_toolchains, self.code_cfg)
-        await super().start()
+        await asyncio.to_thread(node_toolchains, self.cfg)
+        self.root = CgroupRoot(self.name, Path(self.cfg.cgroup_mount), self.cfg.cgroup_version or None)
+        await self.pool.start(self.root)
+
+    async def close(self) -> None:
+        await self.pool.close()
+        if self.root is not None:
+            await asyncio.to_thread(self.root.group.remove)
+
+    async def health(self) -> dict[str, Any]:
+        alive, total = self.pool.alive()
+        if alive < total and (self._healer is None or self._healer.done()):
+            self._healer = asyncio.create_task(self.pool.heal())
+        if self.execs.leftovers:
+            await self.execs.retry()
+        return {
+            "capacity": self.capacity(),
+            "free_slots": self.pool.free_slots(),
+            "burst_slots": self.burst_capacity(),
+            "jails_alive": alive,
+            "jails_total": total,
+            "ready": alive == total,
+            **self.stats,
+        }
 
     async def open_session(self, session_id: str, options: dict[str, Any]) -> None:
         raise BadRequest("the code runner runs one-shot steps (compile and run); sessions are the python kind's")
+
+    async def close_session(self, session_id: str) -> None:
+        """No sessions here: nothing to close."""
 
     async def step(self, action: Any, session_id: str | None, limits: StepLimits) -> StepOutcome:
         assert isinstance(action, CodeAction)
         if session_id is not None:
             raise BadRequest("the code runner runs one-shot steps; it has no sessions")
-        chain = node_toolchains(self.code_cfg).get(action.language)
+        chain = node_toolchains(self.cfg).get(action.language)
         if chain is None:
             raise BadRequest(f"language {action.language!r} is not available on this node")
-        if not self.cfg.warm_pool:
-            async with self._cold:
-                return await self._program(None, chain, action, limits)
-        slot = await self.free.get()
-        try:
+        async with self.pool.acquire() as slot:
             return await self._program(slot, chain, action, limits)
-        finally:
-            self.free.put_nowait(slot)
 
     async def _program(
         self, slot: Slot | None, chain: Toolchain, action: CodeAction, limits: StepLimits
@@ -145,7 +177,7 @@ class CodeRunner(PythonRunner):
         flags: tuple[str, ...],
         files: list[tuple[str, bytes]],
     ) -> tuple[CompileObservation, bytes | None, ProgramFailure | None]:
-        lang, cfg = chain.language, self.code_cfg
+        lang, cfg = chain.language, self.cfg
         timeout = min(action.compile_timeout_s or cfg.compile_timeout_s, cfg.compile_timeout_s)
         limits = StepLimits(timeout_s=timeout, memory_mb=cfg.compile_memory_mb, max_output_bytes=None)
         header, body = self._exec_request(lang.compile_argv(flags), lang.environ, files, b"", limits, [lang.artifact])
@@ -206,11 +238,11 @@ class CodeRunner(PythonRunner):
         lender = limits.lender
         if slot is not None and lender is not None and not action.stop_on_failure:
             while len(lanes) < len(cases) and lender.borrow():
-                try:
-                    lanes.append(self.free.get_nowait())
-                except asyncio.QueueEmpty:
+                borrowed = self.pool.borrow()
+                if borrowed is None:
                     lender.give_back()
                     break
+                lanes.append(borrowed)
         self.stats["cases_parallel_lanes"] += len(lanes) - 1
         pending = iter(range(len(cases)))
         last: list[StepOutcome] = []
@@ -239,7 +271,7 @@ class CodeRunner(PythonRunner):
             finally:
                 if borrowed:  # no case left for it: the slot goes back now, not when the step's last case ends
                     assert where is not None and lender is not None
-                    self.free.put_nowait(where)
+                    self.pool.give_back(where)
                     lender.give_back()
 
         done = await asyncio.gather(*(lane(where, i > 0) for i, where in enumerate(lanes)), return_exceptions=True)
@@ -270,13 +302,11 @@ class CodeRunner(PythonRunner):
         fetch: list[str] | None,
         executable: tuple[str, ...] | list[str] = (),
     ) -> tuple[dict[str, Any], bytes]:
-        header = self._execution(limits, files, stdin)
+        header = self.execs.header(limits, files, stdin)
         header["exec"] = {"argv": argv, "environ": environ, "x": list(executable)}
         header["fetch"] = fetch or []  # the harness reports the program's status (and these files) after it ends
         header["fetch_max_bytes"] = self.cfg.max_fetch_bytes
         return header, b"".join(data for _, data in files) + stdin
 
     async def _execute(self, slot: Slot | None, header: dict[str, Any], body: bytes, limits: StepLimits) -> StepOutcome:
-        if slot is None:
-            return await self._cold_oneshot(header, body, limits)
-        return await self._oneshot(slot, header, body, limits, None)
+        return await self.pool.run(slot, header, body, limits)

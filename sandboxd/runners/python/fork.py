@@ -22,7 +22,7 @@ from typing import Any
 
 from sandboxd.errors import BadRequest, SandboxSetupError
 from sandboxd.runners.cgroups import CgroupGroup, in_group
-from sandboxd.runners.python.jail import (
+from sandboxd.runners.jail.jail import (
     FORK_ROOT,
     SANDBOX_READY_TIMEOUT_S,
     SESSION_REPLY_MAX_HEADER_BYTES,
@@ -30,7 +30,7 @@ from sandboxd.runners.python.jail import (
     introduction,
     recv_frame,
 )
-from sandboxd.runners.python.jailside import landlock, wire
+from sandboxd.runners.jail.jailside import landlock, wire
 from sandboxd.runners.trees import remove_tree
 
 BIRTH_BYTES = 2 << 20  # charged to the source's group per member born there (page tables of ~200 MB, a stack)

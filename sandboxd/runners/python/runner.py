@@ -1,10 +1,9 @@
-"""The Python runner: warm nsjail slots for one-shot steps, session jails for kernels.
+"""The Python runner: the jail core's one-shot slots (``runners/jail/``), and session jails for kernels.
 
-One-shot: ``slots_per_worker`` jails, each running one execution at a time in an
-executor that was forked and set up before the request came (the next one is
-prepared while the current one runs). Sessions: a few jails whose zygotes fork
-one long-lived executor per session; each session is moved once into a cgroup of
-its own, so one session's memory or fork bomb cannot starve another.
+One-shot: the slots of ``runners/jail/pool.py``, an executor forked from the step's environment's template
+when its code imports a preloaded module. Sessions: a few jails whose zygotes fork one long-lived executor per
+session, each born in a cgroup of its own, so one session's memory or fork bomb cannot starve another; a
+session can be graded over a copy of its files, interrupted, and forked (``fork.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import re
 import secrets
 import signal
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +25,6 @@ from typing import Any
 
 from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError, SessionLost, UnknownSession
 from sandboxd.runners.base import (
-    ProgramFailure,
     RunnerContext,
     StepLimits,
     StepOutcome,
@@ -35,35 +32,22 @@ from sandboxd.runners.base import (
     refuse_fork_at_cap,
 )
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot, Counters
+from sandboxd.runners.jail.executions import Executions
+from sandboxd.runners.jail.jail import Executor, Jail, jail_environments, startup_modules
+from sandboxd.runners.jail.jailside import wire
+from sandboxd.runners.jail.pool import SlotPool
 from sandboxd.runners.python import fork
 from sandboxd.runners.python.config import (
     SESSION_ZYGOTE_BYTES,
-    SLOT_HEADROOM_BYTES,
     SLOT_OVERHEAD_PIDS,
     PythonRunnerConfig,
 )
 from sandboxd.runners.python.environments import Environment
 from sandboxd.runners.python.fork import Lineage
-from sandboxd.runners.python.jail import Executor, Jail, Output, jail_environments, run_step, startup_modules
-from sandboxd.runners.python.jailside import wire
 from sandboxd.runners.python.models import MAX_FILES, PythonAction, PythonObservation, PythonSessionOptions
 from sandboxd.runners.python.snapshot import read_workdir
-from sandboxd.runners.starvation import Starvation, usable_cores
 
 log = logging.getLogger(__name__)
-
-SPAWN_RETRY_DELAYS_S = (0.02, 0.1, 0.3)  # a jail that could not fork is retried this often before a restart
-TEMPLATE_WARM_TIMEOUT_S = 120.0  # a template still importing after this at start: the worker starts without it
-
-
-@dataclass
-class Slot:
-    jail: Jail
-    cgroup: CgroupGroup
-    next_executor: asyncio.Task[Executor] | None = None
-    next_flavor: int | None = None  # what the prepared executor was asked as: the last step's flavor
-    memory_bytes: int = 0
-    templates: CgroupGroup | None = None  # the group its environments' templates are born in
 
 
 @dataclass
@@ -111,45 +95,6 @@ def import_pattern(modules: list[str]) -> re.Pattern[str] | None:
     return re.compile(rf"(?m)^[ \t]*(?:import|from)[ \t][^\n#]*?\b(?:{names})\b")
 
 
-def verdict(obs: PythonObservation) -> ProgramFailure | None:
-    """The program's own failure, decided from what was measured outside the sandbox."""
-    if obs.timed_out:
-        return ProgramFailure("program_timeout", "the program ran past its time limit")
-    if obs.killed_by == "protocol":
-        return ProgramFailure("program_killed", "the program wrote to its session's control channel; session ended")
-    if obs.killed_by:
-        return ProgramFailure("program_killed", f"the program was killed at its {obs.killed_by} limit")
-    if obs.exit_code != 0:
-        what = f"status {obs.exit_code}" if obs.exit_code is not None else f"signal {obs.signal}"
-        return ProgramFailure("program_exit", f"the program exited with {what}")
-    return None
-
-
-def fetched_files(
-    paths: list[str], fetched: tuple[dict[str, Any], bytes] | None, killed_by: str | None
-) -> tuple[dict[str, str], dict[str, str]]:
-    """``fetch_files`` as the observation gives them: base64 by path, and the paths not returned with why."""
-    if fetched is None:
-        why = "the sandbox ended before its files could be read"
-        if killed_by:
-            why = f"the sandbox ended at its {killed_by} limit before its files could be read"
-        return {}, dict.fromkeys(paths, why)
-    head, body = fetched
-    sizes = head.get("sizes") or []
-    reasons = head.get("missing") or {}
-    files: dict[str, str] = {}
-    missing: dict[str, str] = {}
-    pos = 0
-    for i, path in enumerate(paths):
-        size = sizes[i] if i < len(sizes) and isinstance(sizes[i], int) else -1
-        if size < 0:
-            missing[path] = str(reasons.get(str(i), "not returned"))
-            continue
-        files[path] = base64.b64encode(body[pos : pos + size]).decode()
-        pos += size
-    return files, missing
-
-
 MODULE_SUFFIXES = (".py", ".pyc", ".pyw", ".so")  # jailside/zygote.py's: ``.cpython-312-...so`` ends in ``.so``
 
 
@@ -176,28 +121,20 @@ def site_tops(env: Environment) -> set[str]:
     return {n.split(".", 1)[0] for n in names if not n.endswith((".dist-info", ".libs", ".pth")) and n[:1].isalpha()}
 
 
-def _close_executor(task: asyncio.Task[Executor]) -> None:
-    """A prepared executor nobody will use (its flavor was not the step's)."""
-    if not task.cancelled() and task.exception() is None:
-        task.result().close()
-
-
 class PythonRunner:
     def __init__(self, cfg: PythonRunnerConfig, ctx: RunnerContext) -> None:
         self.cfg = cfg
         self.runtime_dir = ctx.runtime_dir / ctx.name
         self.name = ctx.name
-        self.free: asyncio.Queue[Slot] = asyncio.Queue()
-        self.slots: list[Slot] = []
+        self.execs = Executions("python", cfg)
+        self.stats = self.execs.stats
+        self.stats["forks"] = 0
+        self.pool = SlotPool(cfg, self.runtime_dir, self.execs)
         self.session_jails: list[SessionJail] = []
         self.sessions: dict[str, Session] = {}
         self.root: CgroupRoot | None = None
-        self._cold = asyncio.Semaphore(cfg.slots_per_worker + cfg.burst_slots_per_worker)  # warm_pool=False
-        self._restart_locks: dict[str, asyncio.Lock] = {}
         self._healer: asyncio.Task[None] | None = None
-        self._leftover_cgroups: list[CgroupGroup] = []
         self._leftover_dirs: list[tuple[Lineage, str]] = []  # closed copies' files not all deleted yet
-        self._cold_seq = 0
         self._sandbox_seq = 0
         # The environments, numbered as the jails' zygotes number them; the default one, if it was built.
         self.envs = {name: i for i, (name, _) in enumerate(jail_environments(cfg))}
@@ -228,49 +165,19 @@ class PythonRunner:
                 cfg.environments_dir,
                 cfg.default_environment,
             )
-        self.stats: dict[str, int] = {
-            "sandbox_starts": 0,
-            "jail_starts": 0,
-            "kills_time": 0,
-            "kills_memory": 0,
-            "kills_output": 0,
-            "limit_pids": 0,
-            "node_pressure": 0,  # steps stopped by a limit above the sandbox's own, or starved
-            "warm_imports": 0,  # one-shots forked from an environment's template, its preloads imported
-            "forks": 0,
-        }
         self._fork_refusal = fork.host_refusal()
-        self._cores = usable_cores(cfg.cpu_cores)
-        self._wall_factor = cfg.resolved_wall_factor()
-        self._running = 0  # steps this runner runs now (one-shots and session cells): the worker's density
 
     def capacity(self) -> int:
-        return self.cfg.slots_per_worker
+        return self.pool.capacity()
 
     def burst_capacity(self) -> int:
-        """Slots for tenants below their fair share only (the worker's admission decides who takes them)."""
-        return self.cfg.burst_slots_per_worker
+        return self.pool.burst_capacity()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         self.root = CgroupRoot(self.name, Path(self.cfg.cgroup_mount), self.cfg.cgroup_version or None)
-        mem = self.cfg.memory_mb << 20
         jobs = []
-        slots = self.cfg.slots_per_worker + self.cfg.burst_slots_per_worker
-        for i in range(slots if self.cfg.warm_pool else 0):
-            cg = self.root.slot(f"slot{i}")
-            cg.set_limits(mem + SLOT_HEADROOM_BYTES, self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
-            cg.set_cpu(self.cfg.cpu_cores)
-            jail = Jail(f"slot{i}", "oneshot", self.cfg, cg, self.runtime_dir)
-            slot = Slot(jail, cg, memory_bytes=mem + SLOT_HEADROOM_BYTES)
-            if self.cfg.templates():
-                slot.templates = self.root.slot(f"slot{i}-templates")
-                room = self.cfg.templates_reservation()
-                slot.templates.set_limits(room.memory_bytes, room.pids)
-                slot.templates.set_cpu(self.cfg.cpu_cores)
-            self.slots.append(slot)
-            jobs.append(self._start_slot(slot))
         for i in range(self.cfg.session_jails_per_worker):
             host = self.root.slot(f"sessions{i}")
             zyg = host.child("zygote")
@@ -278,36 +185,14 @@ class PythonRunner:
             sj = SessionJail(Jail(f"sessions{i}", "session", self.cfg, zyg, self.runtime_dir), host)
             self.session_jails.append(sj)
             jobs.append(self._start_session_jail(sj))
-        await asyncio.gather(*jobs)
-        for slot in self.slots:
-            self.free.put_nowait(slot)
+        await asyncio.gather(self.pool.start(self.root, self._warm_flavor()), *jobs)
 
-    async def _start_slot(self, slot: Slot) -> None:
-        await slot.jail.start()
-        self.stats["jail_starts"] += 1
-        slot.next_executor = asyncio.create_task(self._spawn(slot.jail, slot.next_flavor))
-        await asyncio.wait([slot.next_executor])
-        await self._warm_template(slot)
-
-    async def _warm_template(self, slot: Slot) -> None:
-        """The default environment's template, imported before the worker says it is ready: a node that has
-        just joined serves its first numpy steps as fast as its hundredth (lazily, each slot's first such
-        steps imported for themselves: 0.4-0.9 s each, 60x a warm one)."""
+    def _warm_flavor(self) -> int | None:
+        """The default environment's template, imported at start when it has preloads (``SlotPool.start``)."""
         flavor = self.envs.get(self.default_env) if self.default_env is not None else None
-        if (
-            not self.cfg.warm_templates
-            or flavor is None
-            or slot.templates is None
-            or self._preloaded.get(flavor) is None
-        ):
-            return
-        try:
-            await slot.jail.ensure_template(flavor, slot.templates)
-        except (SandboxSetupError, OSError, TimeoutError, wire.WireError) as exc:
-            log.warning("slot %s: its template did not start: %r", slot.jail.name, exc)
-            return
-        if not await slot.jail.template_warm(flavor, TEMPLATE_WARM_TIMEOUT_S):
-            log.warning("slot %s: its template was not ready within %g s", slot.jail.name, TEMPLATE_WARM_TIMEOUT_S)
+        if not self.cfg.warm_templates or flavor is None or self._preloaded.get(flavor) is None:
+            return None
+        return flavor
 
     async def _start_session_jail(self, sj: SessionJail) -> None:
         await sj.jail.start()
@@ -318,11 +203,6 @@ class PythonRunner:
         while sj.warm.qsize() < self.cfg.warm_sessions_per_jail:
             sj.warm.put_nowait(asyncio.create_task(self._session_sandbox(sj)))
 
-    async def _spawn(self, jail: Jail, flavor: int | None = None) -> Executor:
-        mon = await jail.spawn(flavor=flavor)
-        self.stats["sandbox_starts"] += 1
-        return mon
-
     async def _session_sandbox(self, sj: SessionJail) -> Placed:
         """A session's sandbox in a cgroup of its own from birth: nothing it holds is charged to the jail."""
         self._sandbox_seq += 1
@@ -332,7 +212,7 @@ class PythonRunner:
             cg.set_cpu(self.cfg.cpu_cores)
             executor = await sj.jail.spawn(into=cg)
         except BaseException:
-            await self._remove_cgroup(cg)
+            await self.execs.remove_cgroup(cg)
             raise
         self.stats["sandbox_starts"] += 1
         return Placed(executor, cg)
@@ -340,12 +220,7 @@ class PythonRunner:
     async def close(self) -> None:
         for sess in list(self.sessions.values()):
             await self._drop_session(sess)
-        for slot in self.slots:
-            if slot.next_executor is not None:
-                slot.next_executor.cancel()
-                with contextlib.suppress(BaseException):
-                    (await slot.next_executor).close()
-            await slot.jail.stop()
+        await self.pool.close()
         for sj in self.session_jails:
             await self._drop_warm(sj)
             await sj.jail.stop()
@@ -353,18 +228,16 @@ class PythonRunner:
             await asyncio.to_thread(self.root.group.remove)
 
     async def health(self) -> dict[str, Any]:
-        alive = sum(s.jail.alive for s in self.slots) + sum(sj.jail.alive for sj in self.session_jails)
-        total = len(self.slots) + len(self.session_jails)
+        alive, total = self.pool.alive()
+        alive += sum(sj.jail.alive for sj in self.session_jails)
+        total += len(self.session_jails)
         if alive < total and (self._healer is None or self._healer.done()):
             self._healer = asyncio.create_task(self._heal())
-        if self._leftover_cgroups or self._leftover_dirs:
+        if self.execs.leftovers or self._leftover_dirs:
             await self._retry_leftovers()
         return {
             "capacity": self.capacity(),
-            # warm slots free, less the burst ones (free or not: which jail a burst step took is not tracked)
-            "free_slots": max(
-                0, (self.free.qsize() if self.cfg.warm_pool else self._cold._value) - self.burst_capacity()
-            ),
+            "free_slots": self.pool.free_slots(),
             "burst_slots": self.burst_capacity(),
             "sessions": len(self.sessions),
             "jails_alive": alive,
@@ -375,26 +248,12 @@ class PythonRunner:
 
     async def _heal(self) -> None:
         """Restart dead jails before a step lands on them (health checks call this; /readyz says 503 meanwhile).
-
-        Idle slots are taken out of the free queue while their jail restarts; busy ones are left to
-        ``_take_executor``. Session jails restart in place (their sessions are already lost).
-        """
-        for _ in range(self.free.qsize()):
-            slot = self.free.get_nowait()
-            try:
-                if not slot.jail.alive:
-                    if slot.next_executor is not None:
-                        slot.next_executor.cancel()
-                        slot.next_executor = None
-                    with contextlib.suppress(SandboxSetupError, OSError, wire.WireError):
-                        await self._ensure_jail(slot.jail)  # it stops what is left of the dead jail first
-                        slot.next_executor = asyncio.create_task(self._spawn(slot.jail, slot.next_flavor))
-            finally:
-                self.free.put_nowait(slot)
+        Session jails restart in place (their sessions are already lost)."""
+        await self.pool.heal()
         for sj in self.session_jails:
             if not sj.jail.alive:
                 with contextlib.suppress(SandboxSetupError, OSError, wire.WireError):
-                    await self._ensure_jail(sj.jail)
+                    await self.execs.ensure_jail(sj.jail)
                     await self._drop_warm(sj)
                     self._fill_warm(sj)
 
@@ -427,33 +286,16 @@ class PythonRunner:
         """Top-level names a step's files must not have to be forked from ``env``'s template."""
         known = self._template_tops.get(env)
         if known is None:
-            for slot in self.slots:
-                modules = slot.jail.template_modules.get(env)
-                if modules is not None:
-                    known = self._template_tops[env] = (modules - self._startup_tops) | {"matplotlibrc"}
-                    break
+            modules = self.pool.template_modules(env)
+            if modules is not None:
+                known = self._template_tops[env] = (modules - self._startup_tops) | {"matplotlibrc"}
         return known if known is not None else self._could_shadow[env]
-
-    def _execution(self, limits: StepLimits, files: list[tuple[str, bytes]], stdin: bytes) -> dict[str, Any]:
-        """An execution's request header: its limits, and how its body splits into files and stdin."""
-        return {
-            "op": "run",
-            "timeout_s": limits.timeout_s,
-            "cpu_s": max(1, int(limits.timeout_s + 0.999)),
-            "max_output_bytes": limits.max_output_bytes or self.cfg.max_output_bytes,
-            "output_kill_bytes": self.cfg.output_kill_bytes,
-            "fsize_bytes": self.cfg.fsize_mb << 20,
-            "nofile": self.cfg.nofile,
-            "interrupt_grace_s": self.cfg.interrupt_grace_s,
-            "files": [[path, len(data)] for path, data in files],
-            "stdin_len": len(stdin),
-        }
 
     def _request(self, action: PythonAction, limits: StepLimits) -> tuple[dict[str, Any], bytes]:
         files = action.file_bytes()
         stdin = action.stdin.encode()
         code = action.code.encode()
-        header = self._execution(limits, files, stdin)
+        header = self.execs.header(limits, files, stdin)
         if action.script is not None:
             header["script"] = action.script
         env = self._env_of(action)
@@ -479,240 +321,8 @@ class PythonRunner:
                 raise BadRequest("script is for one-shot steps (a session's cells run as a notebook's do)")
             return await self._session_step(session_id, header, body, limits, action.env)
         flavor = self._flavor(header, action)
-        if not self.cfg.warm_pool:
-            async with self._cold:
-                return await self._cold_oneshot(header, body, limits)
-        slot = await self.free.get()
-        try:
-            return await self._oneshot(slot, header, body, limits, flavor)
-        finally:
-            self.free.put_nowait(slot)
-
-    async def _cold_oneshot(self, header: dict[str, Any], body: bytes, limits: StepLimits) -> StepOutcome:
-        """Everything a warm pool takes off the request path, on it: jail, cgroup, executor."""
-        assert self.root is not None
-        self._cold_seq += 1
-        name = f"cold{self._cold_seq}"
-        cg = self.root.slot(name)
-        jail = Jail(name, "oneshot", self.cfg, cg, self.runtime_dir)
-        try:
-            cg.set_limits(self._slot_memory(limits), self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
-            cg.set_cpu(self.cfg.cpu_cores)
-            await jail.start()
-            self.stats["jail_starts"] += 1
-            # No template: it would start after the jail's one step, which imports for itself.
-            return await self._run_in(jail, cg, await self._spawn(jail), header, body, limits)
-        finally:
-            await jail.stop()
-            await self._remove_cgroup(cg)
-
-    async def _take_executor(self, slot: Slot, flavor: int | None) -> Executor:
-        if flavor is not None and slot.templates is not None:
-            try:
-                await slot.jail.ensure_template(flavor, slot.templates)
-            except (SandboxSetupError, OSError, TimeoutError, wire.WireError) as exc:
-                log.warning("slot %s: its template for environment %d did not start: %r", slot.jail.name, flavor, exc)
-        if slot.next_flavor != flavor:
-            # The prepared one is of the other flavor: this step gets its own, and the slot prepares this
-            # flavor from now on (a slot's steps tend to be alike: a trainer's task set, one kind of program).
-            stale, slot.next_executor = slot.next_executor, asyncio.create_task(self._spawn(slot.jail, flavor))
-            slot.next_flavor = flavor
-            if stale is not None:
-                stale.add_done_callback(_close_executor)
-        task = slot.next_executor
-        slot.next_executor = None
-        try:
-            if task is None:
-                raise SandboxSetupError("no executor was being prepared")
-            executor = await task
-            if executor.alive() and slot.jail.alive:
-                if flavor is not None and executor.flavor is None and slot.jail.warm_ready(flavor):
-                    # Asked while its template was still importing: the template is ready now.
-                    executor.close()
-                    executor = await self._spawn(slot.jail, flavor)
-                return executor
-            executor.close()
-            log.warning("slot %s: its prepared executor died; restarting the jail", slot.jail.name)
-        except (SandboxSetupError, OSError, wire.WireError) as exc:
-            # A live jail that could not fork (EAGAIN: the last program's processes are still being torn
-            # down at the pids limit) is fine a moment later; a broken one (zygote killed, cgroup gone) is
-            # replaced once.
-            if slot.jail.alive:
-                for delay in SPAWN_RETRY_DELAYS_S:
-                    await asyncio.sleep(delay)
-                    with contextlib.suppress(SandboxSetupError, OSError, wire.WireError):
-                        return await self._spawn(slot.jail, flavor)
-            log.warning("slot %s: %s; restarting its jail", slot.jail.name, exc)
-        await slot.jail.stop()
-        await self._ensure_jail(slot.jail)
-        return await self._spawn(slot.jail, flavor)
-
-    def _slot_memory(self, limits: StepLimits) -> int:
-        """The slot's cgroup cap: the step's memory plus room for the zygote and the next executor."""
-        return ((limits.memory_mb or self.cfg.memory_mb) << 20) + SLOT_HEADROOM_BYTES
-
-    async def _oneshot(
-        self, slot: Slot, header: dict[str, Any], body: bytes, limits: StepLimits, flavor: int | None
-    ) -> StepOutcome:
-        executor = await self._take_executor(slot, flavor)
-        if executor.flavor is not None:
-            self.stats["warm_imports"] += 1
-        want_mem = self._slot_memory(limits)
-        if want_mem != slot.memory_bytes:
-            slot.cgroup.set_limits(want_mem, self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
-            slot.memory_bytes = want_mem
-        slot.next_executor = asyncio.create_task(self._spawn(slot.jail, slot.next_flavor))
-        return await self._run_in(slot.jail, slot.cgroup, executor, header, body, limits)
-
-    async def _feed(
-        self,
-        executor: Executor,
-        cg: CgroupGroup,
-        header: dict[str, Any],
-        body: bytes,
-        limits: StepLimits,
-        session: bool,
-    ) -> tuple[dict[str, Any], Output]:
-        grace = self.cfg.interrupt_grace_s if session else 0.0
-        cap, kill_at = header["max_output_bytes"], self.cfg.output_kill_bytes
-        timeout_s = limits.timeout_s
-
-        patience = float("inf")  # wall seconds from the step's start until its caller stops listening
-
-        def dense_cap() -> float:
-            # The wall cap allows for the density this worker runs at: session cells are not bounded by slots (a
-            # tenant's 30 looping sessions on 2 vCPUs each get a fifteenth of a core, and are still its own
-            # timeouts); the slots' factor is the floor (a neighbour outside the node is not the node's density).
-            return min(timeout_s * 1.5 * self._running * self.cfg.cpu_cores, patience)
-
-        def account() -> Starvation:
-            nonlocal patience
-            if limits.answer_by is not None:  # never past the caller's own patience: the node's failure before it
-                patience = limits.answer_by - time.monotonic()
-            wall_cap_s = min(timeout_s * self._wall_factor, patience)
-            return Starvation(
-                executor.host_pid,
-                timeout_s,
-                cg.cpu_usage_s,
-                self._cores,
-                wall_cap_s,
-                not session,
-                None if self.cfg.wall_factor else dense_cap,
-            )
-
-        self._running += 1
-        try:
-            return await run_step(executor, header, body, timeout_s, cap, kill_at, session, grace, account)
-        finally:
-            self._running -= 1
-
-    async def _run_in(
-        self, jail: Jail, cg: CgroupGroup, executor: Executor, header: dict[str, Any], body: bytes, limits: StepLimits
-    ) -> StepOutcome:
-        """One one-shot execution in ``executor``, attributing limit hits through ``cg``'s counters."""
-        before = cg.counters(start=True)
-        try:
-            result, out = await self._feed(executor, cg, header, body, limits, session=False)
-        except (wire.WireError, OSError) as exc:
-            await jail.stop()  # a warm slot's next _take_executor restarts it
-            raise SandboxSetupError(f"sandbox {jail.name} stopped answering: {exc!r}") from exc
-        finally:
-            executor.close()
-        after = cg.counters()
-        if result.get("lost"):
-            if after.oom_kills > before.oom_kills and after.memory_limit_hits > before.memory_limit_hits:
-                # Its own memory took the jail down: at its slot's limit the OOM killer chose the zygote (a
-                # program can lower its own oom_score_adj, and unmapped memfds count in nobody's RSS). The
-                # jail restarts on the next take; the verdict is the program's, as for any kill at its limit.
-                await jail.stop()
-                result.update(exit_code=None, signal=9, killed_by="memory", lost=False)
-            else:
-                raise SandboxSetupError(f"sandbox {jail.name}: its jail ended mid-step")
-        outcome = self._observation(result, out, before, after, cg)
-        if after.pids_max_hits > before.pids_max_hits and cg.pids_peak_reached():
-            # A fork bomb left the slot's peak at its limit for good (v1): later refusals by a parent's limit
-            # would be blamed on the program that meets them. The slot's pids group starts afresh.
-            await asyncio.to_thread(cg.renew_pids)
-        return outcome
-
-    def _observation(
-        self,
-        r: dict[str, Any],
-        out: Output,
-        before: Counters,
-        after: Counters,
-        cg: CgroupGroup,
-        session: bool = False,
-    ) -> StepOutcome:
-        """The step's observation and verdict; ``NodePressure`` when what stopped it was above its own limits."""
-        if "stage_error" in r:  # the program never ran: what the client sent could not be written
-            raise BadRequest(f"the step's files could not be written in the sandbox: {r['stage_error']}")
-        killed_by = r.get("killed_by")
-        limits_hit: list[str] = []
-        if r.get("starved"):
-            self.stats["node_pressure"] += 1
-            raise NodePressure(
-                f"the program was kept off the CPU by other sandboxes for {r['kept_s']:.1f} s of the "
-                f"{r['wall_s']:.1f} s it was given (its limit times python.wall_factor); it did not use its own "
-                "time limit"
-            )
-        if after.oom_kills > before.oom_kills:
-            if after.memory_limit_hits > before.memory_limit_hits:
-                limits_hit.append("memory")
-                if killed_by is None and r.get("signal") == 9:
-                    killed_by = "memory"
-            elif killed_by is None and r.get("signal") == 9:
-                self.stats["node_pressure"] += 1
-                raise NodePressure(
-                    "the program was killed for memory under its own limit: the node (or its pod) ran out of "
-                    "memory for all its sandboxes"
-                )
-        if after.pids_max_hits > before.pids_max_hits:
-            if cg.pids_refused_here():
-                limits_hit.append("pids")
-                self.stats["limit_pids"] += 1
-            elif r.get("exit_code") != 0:
-                self.stats["node_pressure"] += 1
-                raise NodePressure(
-                    "the program could not start a process or thread under its own pids limit: the node (or "
-                    "its pod) is at its process limit"
-                )
-        if killed_by is None and r.get("signal") == 9 and not limits_hit and not session:
-            # Neither its limits nor the worker killed it: something outside the sandbox did (said in the log,
-            # since the verdict below is the program's exit by that signal).
-            log.warning(
-                "python: a one-shot ended by SIGKILL that none of its limits sent (cpu %.3f s)", r.get("cpu_s", 0)
-            )
-        if killed_by == "time":
-            limits_hit.append("time")
-        if killed_by == "output":
-            limits_hit.append("output")
-        if killed_by is not None:
-            self.stats[f"kills_{killed_by}"] = self.stats.get(f"kills_{killed_by}", 0) + 1
-        alive = bool(r.get("alive", True)) if session else None
-        obs = PythonObservation(
-            exit_code=r.get("exit_code"),
-            stdout=out.out.decode("utf-8", errors="replace"),
-            stderr=out.err.decode("utf-8", errors="replace"),
-            timed_out=bool(r.get("timed_out")),
-            killed_by=killed_by,
-            limits_hit=limits_hit,
-            signal=r.get("signal"),
-            stdout_truncated=out.out_total > len(out.out),
-            stderr_truncated=out.err_total > len(out.err),
-            cpu_ms=round(float(r.get("cpu_s", 0.0)) * 1000, 3) if "cpu_s" in r else None,
-            max_rss_kb=r.get("max_rss_kb"),
-            session_alive=alive,
-        )
-        if "fetched" in r:
-            obs.files, obs.files_missing = fetched_files(r["fetch_paths"], r["fetched"], killed_by)
-        return StepOutcome(
-            observation=obs,
-            failure=verdict(obs),
-            session_alive=alive is not False,
-            killed_by=killed_by,
-            limits_hit=tuple(limits_hit),
-        )
+        async with self.pool.acquire() as slot:
+            return await self.pool.run(slot, header, body, limits, flavor)
 
     # ------------------------------------------------------------------ sessions
 
@@ -738,7 +348,7 @@ class PythonRunner:
                 return placed
             await self._discard(placed)
             break
-        await self._ensure_jail(sj.jail)
+        await self.execs.ensure_jail(sj.jail)
         return await self._session_sandbox(sj)
 
     async def _drop_warm(self, sj: SessionJail) -> None:
@@ -750,15 +360,7 @@ class PythonRunner:
 
     async def _discard(self, placed: Placed) -> None:
         placed.close()
-        await self._remove_cgroup(placed.cgroup)
-
-    async def _ensure_jail(self, jail: Jail) -> None:
-        """Restart a dead jail once, however many requests find it dead at the same time."""
-        async with self._restart_locks.setdefault(jail.name, asyncio.Lock()):
-            if not jail.alive:
-                await jail.stop()
-                await jail.start()
-                self.stats["jail_starts"] += 1
+        await self.execs.remove_cgroup(placed.cgroup)
 
     async def _session_step(
         self, session_id: str, header: dict[str, Any], body: bytes, limits: StepLimits, env: str | None
@@ -783,7 +385,7 @@ class PythonRunner:
                 sess.cgroup.set_limits(limits.memory_mb << 20, self.cfg.pids_max)
             before = sess.cgroup.counters(start=True)
             try:
-                result, out = await self._feed(sess.executor, sess.cgroup, header, body, limits, session=True)
+                result, out = await self.execs.feed(sess.executor, sess.cgroup, header, body, limits, session=True)
             except (wire.WireError, OSError) as exc:
                 why = self._killed_why(sess) or f"its sandbox stopped answering ({exc!r})"
                 await self._drop_session(sess)
@@ -795,7 +397,7 @@ class PythonRunner:
                 raise SessionLost(f"session {session_id}: {why}")
             after = sess.seen = sess.cgroup.counters()
             try:
-                outcome = self._observation(result, out, before, after, sess.cgroup, session=True)
+                outcome = self.execs.observe(result, out, before, after, sess.cgroup, session=True)
             except NodePressure as exc:
                 if result.get("alive") is False:
                     await self._drop_session(sess)
@@ -899,7 +501,7 @@ class PythonRunner:
                         await warming
             except BaseException as exc:
                 for cg in groups:
-                    await self._remove_cgroup(cg)
+                    await self.execs.remove_cgroup(cg)
                 if isinstance(exc, fork.Hung):  # its own code held the fork: in no known state, it ends
                     exc.session_ended = True
                     await self._drop_session(sess)
@@ -919,14 +521,14 @@ class PythonRunner:
                 for m in copies:
                     m.executor.close()
                 for cg in groups[1:]:
-                    await self._remove_cgroup(cg)
+                    await self.execs.remove_cgroup(cg)
                 for m in copies:
                     await asyncio.to_thread(fork.remove_workdir, lineage.holder.host_pid, m.workdir)
                 if not isinstance(cont, fork.Member):  # the source's own continuation did not start: it ends
                     lineage.close()
-                    await self._remove_cgroup(groups[0])
+                    await self.execs.remove_cgroup(groups[0])
                     self.sessions.pop(source_id, None)
-                    await self._remove_cgroup(sess.cgroup)
+                    await self.execs.remove_cgroup(sess.cgroup)
                     if isinstance(failed, BadRequest):
                         failed.message += f"; session {source_id} is closed"
                         failed.session_ended = True
@@ -992,12 +594,12 @@ class PythonRunner:
                 await asyncio.to_thread(sess.cgroup.kill_all)
                 await self._remove_copy_files(lineage, sess.workdir)
         finally:
-            await self._remove_cgroup(sess.cgroup)
+            await self.execs.remove_cgroup(sess.cgroup)
             if lineage is not None:
                 lineage.members.discard(sess.session_id)
                 if not lineage.members:  # the last one out closes the namespaces (and their tmpfs)
                     lineage.close()
-                    await self._remove_cgroup(lineage.cgroup)
+                    await self.execs.remove_cgroup(lineage.cgroup)
 
     async def _remove_copy_files(self, lineage: Lineage, workdir: str) -> None:
         if not lineage.holder.alive():
@@ -1011,19 +613,8 @@ class PythonRunner:
             log.warning("python: a closed copy's files (%s) are not all gone; trying again later", workdir)
             self._leftover_dirs.append((lineage, workdir))
 
-    async def _remove_cgroup(self, cg: CgroupGroup) -> None:
-        try:
-            gone = await asyncio.to_thread(cg.remove)
-        except Exception:
-            log.exception("python: removing a sandbox's cgroup")
-            gone = False
-        if not gone:
-            self._leftover_cgroups.append(cg)  # still busy: health() tries again
-
     async def _retry_leftovers(self) -> None:
         dirs, self._leftover_dirs = self._leftover_dirs, []
         for lineage, workdir in dirs:
             await self._remove_copy_files(lineage, workdir)
-        pending, self._leftover_cgroups = self._leftover_cgroups, []
-        for cg in pending:
-            await self._remove_cgroup(cg)
+        await self.execs.retry()

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandboxd.runners.python.jailside.wire import MAX_ENVS
+from sandboxd.runners.jail.jailside.wire import MAX_ENVS
 
 log = logging.getLogger(__name__)
 

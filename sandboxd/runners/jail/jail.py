@@ -41,10 +41,10 @@ from sandboxd.constants import SESSION_HOME
 from sandboxd.errors import SandboxSetupError
 from sandboxd.runners import jailconf
 from sandboxd.runners.cgroups import CgroupGroup
+from sandboxd.runners.jail.jailside import wire
 from sandboxd.runners.python import environments
 from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.environments import Environment
-from sandboxd.runners.python.jailside import wire
 from sandboxd.runners.starvation import Starvation
 from sandboxd.spawn import Child, spawn
 

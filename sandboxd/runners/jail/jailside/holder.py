@@ -22,7 +22,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sandboxd.runners.python.jailside import wire
+    from sandboxd.runners.jail.jailside import wire
 else:  # beside this file in the jail (no sandboxd package there)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import wire

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # inside the jail these are plain modules beside this file (no sandboxd package there)
-    from sandboxd.runners.python.jailside import forking, seccomp, wire
+    from sandboxd.runners.jail.jailside import forking, seccomp, wire
 else:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import forking

@@ -38,13 +38,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sandboxd.runners.python.jailside import landlock, seccomp, wire
+    from sandboxd.runners.jail.jailside import landlock, seccomp, wire
 else:
     import landlock
     import seccomp
     import wire
 
-FORK_ROOT = "/forks"  # sandboxd.runners.python.jail.FORK_ROOT: an empty mount point in session jails
+FORK_ROOT = "/forks"  # sandboxd.runners.jail.jail.FORK_ROOT: an empty mount point in session jails
 COPY_MAX_ENTRIES = 10_000  # entries of /tmp a fork copies into each copy; more is a refusal
 COPY_MAX_PATH_BYTES = 3072  # paths under /tmp it copies (under /forks/<24 hex> they stay below PATH_MAX)
 WORKDIR = "/tmp"

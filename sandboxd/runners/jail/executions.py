@@ -1,0 +1,289 @@
+"""One execution in a jail's executor, and what it says: the jail core's rule for limits, kills and blame.
+
+Every jailed kind runs its programs through here (one-shots, a session's cells, a compilation, a test
+case), so one rule decides for all of them which limit stopped a program: its own (a verdict to score) or one
+above it (the node's or its pod's memory or processes, CPU kept from it by other sandboxes: ``NodePressure``,
+never the program's). The counters are its cgroup's, read before and after the execution
+(``runners/cgroups.py``); the CPU it was kept from is ``runners/starvation.py``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from typing import Any
+
+from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError
+from sandboxd.runners.base import ProgramFailure, StepLimits, StepOutcome
+from sandboxd.runners.cgroups import CgroupGroup, Counters
+from sandboxd.runners.jail.jail import Executor, Jail, Output, run_step
+from sandboxd.runners.jail.jailside import wire
+from sandboxd.runners.python.config import PythonRunnerConfig
+from sandboxd.runners.python.models import PythonObservation
+from sandboxd.runners.starvation import Starvation, usable_cores
+
+log = logging.getLogger(__name__)
+
+
+def verdict(obs: PythonObservation) -> ProgramFailure | None:
+    """The program's own failure, decided from what was measured outside the sandbox."""
+    if obs.timed_out:
+        return ProgramFailure("program_timeout", "the program ran past its time limit")
+    if obs.killed_by == "protocol":
+        return ProgramFailure("program_killed", "the program wrote to its session's control channel; session ended")
+    if obs.killed_by:
+        return ProgramFailure("program_killed", f"the program was killed at its {obs.killed_by} limit")
+    if obs.exit_code != 0:
+        what = f"status {obs.exit_code}" if obs.exit_code is not None else f"signal {obs.signal}"
+        return ProgramFailure("program_exit", f"the program exited with {what}")
+    return None
+
+
+def fetched_files(
+    paths: list[str], fetched: tuple[dict[str, Any], bytes] | None, killed_by: str | None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``fetch_files`` as the observation gives them: base64 by path, and the paths not returned with why."""
+    if fetched is None:
+        why = "the sandbox ended before its files could be read"
+        if killed_by:
+            why = f"the sandbox ended at its {killed_by} limit before its files could be read"
+        return {}, dict.fromkeys(paths, why)
+    head, body = fetched
+    sizes = head.get("sizes") or []
+    reasons = head.get("missing") or {}
+    files: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    pos = 0
+    for i, path in enumerate(paths):
+        size = sizes[i] if i < len(sizes) and isinstance(sizes[i], int) else -1
+        if size < 0:
+            missing[path] = str(reasons.get(str(i), "not returned"))
+            continue
+        files[path] = base64.b64encode(body[pos : pos + size]).decode()
+        pos += size
+    return files, missing
+
+
+class Executions:
+    """A kind's executions: their request headers, their exchange, their observations and verdicts, and the
+    counters every jailed kind reports (``stats``). One per runner instance; its slots (``pool.py``) and
+    sessions run through it, so the density a step's wall cap allows for counts all of them."""
+
+    def __init__(self, kind: str, cfg: PythonRunnerConfig) -> None:
+        self.kind = kind
+        self.cfg = cfg
+        self.stats: dict[str, int] = {
+            "sandbox_starts": 0,
+            "jail_starts": 0,
+            "kills_time": 0,
+            "kills_memory": 0,
+            "kills_output": 0,
+            "limit_pids": 0,
+            "node_pressure": 0,  # steps stopped by a limit above the sandbox's own, or starved
+            "warm_imports": 0,  # one-shots forked from an environment's template, its preloads imported
+        }
+        self._cores = usable_cores(cfg.cpu_cores)
+        self._wall_factor = cfg.resolved_wall_factor()
+        self._running = 0  # executions running now (one-shots and session cells): the worker's density
+        self._restart_locks: dict[str, asyncio.Lock] = {}
+        self._leftover_cgroups: list[CgroupGroup] = []
+
+    def header(self, limits: StepLimits, files: list[tuple[str, bytes]], stdin: bytes) -> dict[str, Any]:
+        """An execution's request header: its limits, and how its body splits into files and stdin."""
+        return {
+            "op": "run",
+            "timeout_s": limits.timeout_s,
+            "cpu_s": max(1, int(limits.timeout_s + 0.999)),
+            "max_output_bytes": limits.max_output_bytes or self.cfg.max_output_bytes,
+            "output_kill_bytes": self.cfg.output_kill_bytes,
+            "fsize_bytes": self.cfg.fsize_mb << 20,
+            "nofile": self.cfg.nofile,
+            "interrupt_grace_s": self.cfg.interrupt_grace_s,
+            "files": [[path, len(data)] for path, data in files],
+            "stdin_len": len(stdin),
+        }
+
+    async def feed(
+        self,
+        executor: Executor,
+        cg: CgroupGroup,
+        header: dict[str, Any],
+        body: bytes,
+        limits: StepLimits,
+        session: bool,
+    ) -> tuple[dict[str, Any], Output]:
+        """The exchange: the request written, the output read with its caps, the deadline kept (with the CPU
+        other sandboxes kept from it given back, ``Starvation``), the harness's report read."""
+        grace = self.cfg.interrupt_grace_s if session else 0.0
+        cap, kill_at = header["max_output_bytes"], self.cfg.output_kill_bytes
+        timeout_s = limits.timeout_s
+
+        patience = float("inf")  # wall seconds from the step's start until its caller stops listening
+
+        def dense_cap() -> float:
+            # The wall cap allows for the density this worker runs at: session cells are not bounded by slots (a
+            # tenant's 30 looping sessions on 2 vCPUs each get a fifteenth of a core, and are still its own
+            # timeouts); the slots' factor is the floor (a neighbour outside the node is not the node's density).
+            return min(timeout_s * 1.5 * self._running * self.cfg.cpu_cores, patience)
+
+        def account() -> Starvation:
+            nonlocal patience
+            if limits.answer_by is not None:  # never past the caller's own patience: the node's failure before it
+                patience = limits.answer_by - time.monotonic()
+            wall_cap_s = min(timeout_s * self._wall_factor, patience)
+            return Starvation(
+                executor.host_pid,
+                timeout_s,
+                cg.cpu_usage_s,
+                self._cores,
+                wall_cap_s,
+                not session,
+                None if self.cfg.wall_factor else dense_cap,
+            )
+
+        self._running += 1
+        try:
+            return await run_step(executor, header, body, timeout_s, cap, kill_at, session, grace, account)
+        finally:
+            self._running -= 1
+
+    async def run_in(
+        self, jail: Jail, cg: CgroupGroup, executor: Executor, header: dict[str, Any], body: bytes, limits: StepLimits
+    ) -> StepOutcome:
+        """One one-shot execution in ``executor``, attributing limit hits through ``cg``'s counters."""
+        before = cg.counters(start=True)
+        try:
+            result, out = await self.feed(executor, cg, header, body, limits, session=False)
+        except (wire.WireError, OSError) as exc:
+            await jail.stop()  # a warm slot's next take restarts it
+            raise SandboxSetupError(f"sandbox {jail.name} stopped answering: {exc!r}") from exc
+        finally:
+            executor.close()
+        after = cg.counters()
+        if result.get("lost"):
+            if after.oom_kills > before.oom_kills and after.memory_limit_hits > before.memory_limit_hits:
+                # Its own memory took the jail down: at its slot's limit the OOM killer chose the zygote (a
+                # program can lower its own oom_score_adj, and unmapped memfds count in nobody's RSS). The
+                # jail restarts on the next take; the verdict is the program's, as for any kill at its limit.
+                await jail.stop()
+                result.update(exit_code=None, signal=9, killed_by="memory", lost=False)
+            else:
+                raise SandboxSetupError(f"sandbox {jail.name}: its jail ended mid-step")
+        outcome = self.observe(result, out, before, after, cg)
+        if after.pids_max_hits > before.pids_max_hits and cg.pids_peak_reached():
+            # A fork bomb left the slot's peak at its limit for good (v1): later refusals by a parent's limit
+            # would be blamed on the program that meets them. The slot's pids group starts afresh.
+            await asyncio.to_thread(cg.renew_pids)
+        return outcome
+
+    def observe(
+        self,
+        r: dict[str, Any],
+        out: Output,
+        before: Counters,
+        after: Counters,
+        cg: CgroupGroup,
+        session: bool = False,
+    ) -> StepOutcome:
+        """The execution's observation and verdict; ``NodePressure`` when what stopped it was above its own
+        limits."""
+        if "stage_error" in r:  # the program never ran: what the client sent could not be written
+            raise BadRequest(f"the step's files could not be written in the sandbox: {r['stage_error']}")
+        killed_by = r.get("killed_by")
+        limits_hit: list[str] = []
+        if r.get("starved"):
+            self.stats["node_pressure"] += 1
+            raise NodePressure(
+                f"the program was kept off the CPU by other sandboxes for {r['kept_s']:.1f} s of the "
+                f"{r['wall_s']:.1f} s it was given (its limit times {self.kind}.wall_factor); it did not use its "
+                "own time limit"
+            )
+        if after.oom_kills > before.oom_kills:
+            if after.memory_limit_hits > before.memory_limit_hits:
+                limits_hit.append("memory")
+                if killed_by is None and r.get("signal") == 9:
+                    killed_by = "memory"
+            elif killed_by is None and r.get("signal") == 9:
+                self.stats["node_pressure"] += 1
+                raise NodePressure(
+                    "the program was killed for memory under its own limit: the node (or its pod) ran out of "
+                    "memory for all its sandboxes"
+                )
+        if after.pids_max_hits > before.pids_max_hits:
+            if cg.pids_refused_here():
+                limits_hit.append("pids")
+                self.stats["limit_pids"] += 1
+            elif r.get("exit_code") != 0:
+                self.stats["node_pressure"] += 1
+                raise NodePressure(
+                    "the program could not start a process or thread under its own pids limit: the node (or "
+                    "its pod) is at its process limit"
+                )
+        if killed_by is None and r.get("signal") == 9 and not limits_hit and not session:
+            # Neither its limits nor the worker killed it: something outside the sandbox did (said in the log,
+            # since the verdict below is the program's exit by that signal).
+            log.warning(
+                "%s: a one-shot ended by SIGKILL that none of its limits sent (cpu %.3f s)",
+                self.kind,
+                r.get("cpu_s", 0),
+            )
+        if killed_by == "time":
+            limits_hit.append("time")
+        if killed_by == "output":
+            limits_hit.append("output")
+        if killed_by is not None:
+            self.stats[f"kills_{killed_by}"] = self.stats.get(f"kills_{killed_by}", 0) + 1
+        alive = bool(r.get("alive", True)) if session else None
+        obs = PythonObservation(
+            exit_code=r.get("exit_code"),
+            stdout=out.out.decode("utf-8", errors="replace"),
+            stderr=out.err.decode("utf-8", errors="replace"),
+            timed_out=bool(r.get("timed_out")),
+            killed_by=killed_by,
+            limits_hit=limits_hit,
+            signal=r.get("signal"),
+            stdout_truncated=out.out_total > len(out.out),
+            stderr_truncated=out.err_total > len(out.err),
+            cpu_ms=round(float(r.get("cpu_s", 0.0)) * 1000, 3) if "cpu_s" in r else None,
+            max_rss_kb=r.get("max_rss_kb"),
+            session_alive=alive,
+        )
+        if "fetched" in r:
+            obs.files, obs.files_missing = fetched_files(r["fetch_paths"], r["fetched"], killed_by)
+        return StepOutcome(
+            observation=obs,
+            failure=verdict(obs),
+            session_alive=alive is not False,
+            killed_by=killed_by,
+            limits_hit=tuple(limits_hit),
+        )
+
+    async def ensure_jail(self, jail: Jail) -> None:
+        """Restart a dead jail once, however many requests find it dead at the same time."""
+        async with self._restart_locks.setdefault(jail.name, asyncio.Lock()):
+            if not jail.alive:
+                await jail.stop()
+                await jail.start()
+                self.stats["jail_starts"] += 1
+
+    async def remove_cgroup(self, cg: CgroupGroup) -> None:
+        """Remove a sandbox's group (what runs in it is killed); one still busy is tried again by ``retry``."""
+        try:
+            gone = await asyncio.to_thread(cg.remove)
+        except Exception:
+            log.exception("%s: removing a sandbox's cgroup", self.kind)
+            gone = False
+        if not gone:
+            self._leftover_cgroups.append(cg)
+
+    @property
+    def leftovers(self) -> bool:
+        return bool(self._leftover_cgroups)
+
+    async def retry(self) -> None:
+        """The groups not removed before (still busy then): once more."""
+        pending, self._leftover_cgroups = self._leftover_cgroups, []
+        for cg in pending:
+            await self.remove_cgroup(cg)
