@@ -754,3 +754,36 @@ def test_every_test_module_that_starts_a_node_is_marked_so() -> None:
                 marks = [ast.unparse(e) for e in getattr(stmt.value, "elts", [stmt.value])]
         if any(s in text for s in starts) and path.name != Path(__file__).name:
             assert "pytest.mark.node" in marks, f"{path.name} starts a node but is not marked pytest.mark.node"
+
+
+def test_the_vendored_envd_services_are_the_pinned_sdks_own() -> None:
+    """api/e2b/proto/ is copied verbatim from the pinned e2b SDK (its __init__ says how): a pin moved without a
+    fresh copy would speak an older wire format than the SDK the tests run."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("e2b")
+    assert spec is not None and spec.origin is not None
+    sdk = Path(spec.origin).parent / "envd"
+    ours = Path(__file__).parent.parent / "sandboxd" / "api" / "e2b" / "proto"
+    for service in ("process", "filesystem"):
+        for part in ("pb", "connect"):
+            name = f"{service}_{part}.py"
+            assert (ours / name).read_bytes() == (sdk / service / name).read_bytes(), f"{name} differs from the SDK's"
+
+
+def test_the_code_that_runs_inside_sandboxes_is_modules_sandboxd_never_imports() -> None:
+    """api/e2b/insandbox/ holds what runs in an E2B sandbox's own interpreter: real modules (ruff and mypy read
+    them) whose text is sent, never imported here; the texts as sent compile."""
+    import ast
+
+    from sandboxd.api.e2b.cells import DRIVER
+    from sandboxd.api.e2b.envd import ENVD_DRIVER
+
+    root = Path(__file__).parent.parent / "sandboxd"
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert "insandbox" not in node.module or path.parent.name == "insandbox", (path, node.module)
+    for name, text in (("driver", DRIVER), ("envd", ENVD_DRIVER)):
+        code = compile(text, f"<{name}>", "exec")
+        assert {"run", "restart"} <= set(code.co_names) if name == "driver" else "call" in code.co_names

@@ -15,6 +15,7 @@ import base64
 import time
 from base64 import b64decode
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any, cast
 
 import orjson
@@ -25,7 +26,6 @@ from protobuf import Oneof
 from protobuf.wkt import Timestamp
 
 from sandboxd.api.e2b.cells import module_cell, new_marker, split_answer
-from sandboxd.api.e2b.envd_driver import ENVD_DRIVER
 from sandboxd.api.e2b.labels import TEMPLATE_LABEL
 from sandboxd.api.e2b.names import public_message, session_named
 from sandboxd.api.e2b.proto import filesystem_pb as fs
@@ -45,6 +45,9 @@ from sandboxd.errors import (
 from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
 from sandboxd.models import StepRequest
+
+# envd as the sandbox runs it: a module of its own there (insandbox/envd.py, read once).
+ENVD_DRIVER = (Path(__file__).parent / "insandbox" / "envd.py").read_text()
 
 MALFORMED = "the sandbox's answer was not well-formed (was its interpreter changed?)"
 MAX_ID = 256  # a session id's longest

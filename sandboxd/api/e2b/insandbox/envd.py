@@ -1,32 +1,43 @@
-"""What envd does inside an E2B sandbox (files, directories, processes), as a module the sandbox's own
-interpreter runs: ``envd.py`` sends one cell per call and reads the answer after a random marker.
+"""envd inside an E2B sandbox: files, directories and processes, as the sandbox's own interpreter sees them.
 
-Paths: E2B's home (``/home/user``) is the sandbox's working directory: its ``/tmp`` (the only writable
-place), which session jails also bind at ``/home/user``; relative paths are relative to it; other absolute
-paths are the jail's read-only system. Processes started
-by ``start`` run in a session of their own with stdout and stderr going to files under ``/tmp/.sandboxd-e2b``
-(hidden from listings). Their exit statuses come from the kernel: ``waitpid`` here, or the statuses the
-harness keeps when it collects ended children between cells (the session keeps its processes).
+sandboxd's ``api/e2b/envd.py`` sends one cell per call (``call(name, kwargs, marker)``) and reads the answer
+after a random marker. Paths: E2B's home (``/home/user``) is the sandbox's working directory: its ``/tmp``
+(the only writable place), which session jails also bind at ``/home/user``; relative paths are relative to
+it; other absolute paths are the jail's read-only system. Processes started by ``start`` run in a session of
+their own with stdout and stderr going to files under ``/tmp/.sandboxd-e2b`` (hidden from listings). Their exit
+statuses come from the kernel: ``waitpid`` here, or the statuses the harness keeps when it collects ended
+children between cells (the session keeps its processes).
 """
 
 from __future__ import annotations
 
-ENVD_DRIVER = r"""
-import base64 as _b64, grp as _grp, json as _json, os as _os, pwd as _pwd, signal as _sig
-import stat as _st, subprocess as _sp, sys as _sys, time as _time
+import base64 as _b64
+import contextlib
+import grp as _grp
+import json as _json
+import os as _os
+import pwd as _pwd
+import signal as _sig
+import stat as _st
+import subprocess as _sp
+import sys as _sys
+import time as _time
+from typing import Any
 
 HOME, E2B_HOME = "/tmp", "/home/user"
 STATE = "/tmp/.sandboxd-e2b"
-procs = {}
+procs: dict[int, dict[str, Any]] = {}  # the processes ``start`` started, by pid
 
 
 class Refused(Exception):
-    def __init__(self, kind, message):
+    """A call refused, with the kind envd names it by (not_found, exists, permission, invalid)."""
+
+    def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
 
 
-def local(path):
+def local(path: str) -> str:
     path = path or E2B_HOME
     if path == "~" or path.startswith("~/"):
         path = E2B_HOME + path[1:]
@@ -34,17 +45,17 @@ def local(path):
         path = E2B_HOME + "/" + path
     path = _os.path.normpath(path)
     if path == E2B_HOME or path.startswith(E2B_HOME + "/"):
-        path = HOME + path[len(E2B_HOME):]
+        path = HOME + path[len(E2B_HOME) :]
     if path == STATE or path.startswith(STATE + "/"):
         raise Refused("not_found", "no such file or directory: " + path)
     return path
 
 
-def shown(path):
-    return E2B_HOME + path[len(HOME):] if path == HOME or path.startswith(HOME + "/") else path
+def shown(path: str) -> str:
+    return E2B_HOME + path[len(HOME) :] if path == HOME or path.startswith(HOME + "/") else path
 
 
-def _owner(uid, gid):
+def _owner(uid: int, gid: int) -> tuple[str, str]:
     try:
         user = _pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -56,14 +67,27 @@ def _owner(uid, gid):
     return user, group
 
 
-def entry(path):
+def entry(path: str) -> dict[str, Any]:
     st = _os.lstat(path)
-    kind = "dir" if _st.S_ISDIR(st.st_mode) else "file" if _st.S_ISREG(st.st_mode) else (
-        "symlink" if _st.S_ISLNK(st.st_mode) else "other")
+    kind = (
+        "dir"
+        if _st.S_ISDIR(st.st_mode)
+        else "file"
+        if _st.S_ISREG(st.st_mode)
+        else ("symlink" if _st.S_ISLNK(st.st_mode) else "other")
+    )
     user, group = _owner(st.st_uid, st.st_gid)
-    out = {"name": _os.path.basename(path) or "/", "type": kind, "path": shown(path), "size": st.st_size,
-           "mode": _st.S_IMODE(st.st_mode), "permissions": _st.filemode(st.st_mode), "owner": user,
-           "group": group, "mtime_ns": st.st_mtime_ns}
+    out: dict[str, Any] = {
+        "name": _os.path.basename(path) or "/",
+        "type": kind,
+        "path": shown(path),
+        "size": st.st_size,
+        "mode": _st.S_IMODE(st.st_mode),
+        "permissions": _st.filemode(st.st_mode),
+        "owner": user,
+        "group": group,
+        "mtime_ns": st.st_mtime_ns,
+    }
     if kind == "symlink":
         out["symlink_target"] = shown(_os.readlink(path))
         if _os.path.isdir(path):
@@ -71,19 +95,22 @@ def entry(path):
     return out
 
 
-def stat(path):
+def stat(path: str) -> dict[str, Any]:
     return entry(local(path))
 
 
 LIST_MAX = 10000  # entries one listing returns at most: the tree is the sandbox's own to shape
 
 
-def list_dir(path, depth):
+def list_dir(path: str, depth: int) -> list[dict[str, Any]]:
     root = local(path)
     if not _os.path.isdir(root):
         raise Refused("invalid", "not a directory: " + path)
-    found = []
-    by_name = lambda e: e.name  # noqa: E731
+    found: list[dict[str, Any]] = []
+
+    def by_name(e: _os.DirEntry[str]) -> str:
+        return e.name
+
     stack = [(iter(sorted(_os.scandir(root), key=by_name)), 1)]
     while stack:  # iterative, in the order a recursive walk lists them: any depth, no recursion
         it, level = stack[-1]
@@ -94,14 +121,14 @@ def list_dir(path, depth):
         if e.path == STATE:
             continue
         if len(found) >= LIST_MAX:
-            raise Refused("invalid", "more than %d entries under %s: list with a smaller depth" % (LIST_MAX, path))
+            raise Refused("invalid", f"more than {LIST_MAX} entries under {path}: list with a smaller depth")
         found.append(entry(e.path))
         if level < depth and e.is_dir(follow_symlinks=False):
             stack.append((iter(sorted(_os.scandir(e.path), key=by_name)), level + 1))
     return found
 
 
-def make_dir(path):
+def make_dir(path: str) -> dict[str, Any]:
     p = local(path)
     if _os.path.exists(p):
         raise Refused("exists", "already exists: " + path)
@@ -109,7 +136,7 @@ def make_dir(path):
     return entry(p)
 
 
-def move(source, destination):
+def move(source: str, destination: str) -> dict[str, Any]:
     src, dst = local(source), local(destination)
     if not _os.path.lexists(src):
         raise Refused("not_found", "no such file or directory: " + source)
@@ -118,7 +145,7 @@ def move(source, destination):
     return entry(dst)
 
 
-def remove(path):
+def remove(path: str) -> None:
     p = local(path)
     if p in (HOME, "/"):
         raise Refused("permission", "the home directory itself cannot be removed: " + path)
@@ -128,15 +155,16 @@ def remove(path):
         _os.unlink(p)
 
 
-def _remove_tree(top):
+def _remove_tree(top: str) -> None:
     # Iterative, one directory descriptor at a time, by single names (any depth: shutil.rmtree recurses).
     flags = _os.O_RDONLY | _os.O_DIRECTORY | _os.O_NOFOLLOW | _os.O_CLOEXEC
     fd = _os.open(top, flags)
-    names, pending = [], []
+    names: list[str] = []
+    pending: list[list[str]] = []
     try:
         while True:
             if len(pending) == len(names):  # entered a directory: clear its files, note its directories
-                subdirs = []
+                subdirs: list[str] = []
                 with _os.scandir(fd) as it:
                     for e in it:
                         if e.is_dir(follow_symlinks=False):
@@ -163,7 +191,7 @@ def _remove_tree(top):
     _os.rmdir(top)
 
 
-def read(path, offset, size):
+def read(path: str, offset: int, size: int) -> dict[str, Any]:
     p = local(path)
     if _os.path.isdir(p):
         raise Refused("invalid", "is a directory: " + path)
@@ -174,37 +202,54 @@ def read(path, offset, size):
     return {"data": _b64.b64encode(data).decode(), "size": total}
 
 
-def writable(path):
+def writable(path: str) -> str:
     p = local(path)
     if not p.startswith(HOME + "/"):
         raise Refused("permission", "only the home directory (" + E2B_HOME + ") is writable: " + path)
-    return p[len(HOME) + 1:]
+    return p[len(HOME) + 1 :]
 
 
-def start(cmd, args, envs, cwd, tag, stdin):
+def start(
+    cmd: str, args: list[str], envs: dict[str, str] | None, cwd: str | None, tag: str | None, stdin: bool
+) -> dict[str, int]:
     _os.makedirs(STATE, exist_ok=True)
     env = dict(_os.environ, HOME=E2B_HOME, USER="user")
     env.update(envs or {})
     where = local(cwd) if cwd else HOME
     if where == HOME or where.startswith(HOME + "/"):  # the same directory, under the name E2B gives it
-        where = E2B_HOME + where[len(HOME):] if _os.path.isdir(E2B_HOME) else where
+        where = E2B_HOME + where[len(HOME) :] if _os.path.isdir(E2B_HOME) else where
     if not _os.path.isdir(where):
         raise Refused("invalid", "cwd is not a directory: " + (cwd or ""))
-    base = "%s/%d-%s" % (STATE, len(procs) + 1, _os.urandom(6).hex())
+    base = f"{STATE}/{len(procs) + 1}-{_os.urandom(6).hex()}"
     with open(base + ".out", "wb") as out, open(base + ".err", "wb") as err:
-        p = _sp.Popen([cmd, *args], cwd=where, env=env, stdin=_sp.PIPE if stdin else _sp.DEVNULL, stdout=out,
-                      stderr=err, start_new_session=True)
-    procs[p.pid] = {"popen": p, "base": base, "cmd": cmd, "args": list(args), "envs": envs or {},
-                    "cwd": cwd or "", "tag": tag or "", "status": None}
+        p = _sp.Popen(
+            [cmd, *args],
+            cwd=where,
+            env=env,
+            stdin=_sp.PIPE if stdin else _sp.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+    procs[p.pid] = {
+        "popen": p,
+        "base": base,
+        "cmd": cmd,
+        "args": list(args),
+        "envs": envs or {},
+        "cwd": cwd or "",
+        "tag": tag or "",
+        "status": None,
+    }
     return {"pid": p.pid}
 
 
-def _status(pid):
+def _status(pid: int) -> tuple[dict[str, Any], int | None]:
     # The process's record and its wait status (None while it runs): from the kernel, through waitpid here
     # or the harness's reaping between cells, never from a file the sandbox's processes could write.
     info = procs.get(pid)
     if info is None:
-        raise Refused("not_found", "process %d not found" % pid)
+        raise Refused("not_found", f"process {pid} not found")
     if info["status"] is None:
         reaped = getattr(_sys.modules.get("_sandboxd_reaped"), "statuses", {})
         try:
@@ -218,7 +263,7 @@ def _status(pid):
     return info, info["status"]
 
 
-def _end(status):
+def _end(status: int) -> dict[str, Any]:
     if status == -1:
         return {"exit_code": -1, "exited": False, "status": "ended (status unknown)"}
     if _os.WIFSIGNALED(status):
@@ -229,10 +274,10 @@ def _end(status):
             name = str(sig)
         return {"exit_code": -1, "exited": False, "status": "signal: " + name, "error": "signal: " + name}
     code = _os.waitstatus_to_exitcode(status)
-    return {"exit_code": code, "exited": True, "status": "exit status %d" % code}
+    return {"exit_code": code, "exited": True, "status": f"exit status {code}"}
 
 
-def poll(pid, out_off, err_off, cap, wait_ms=0):
+def poll(pid: int, out_off: int, err_off: int, cap: int, wait_ms: int = 0) -> dict[str, Any]:
     # With wait_ms, wait here (at most that long) for output or the end: a short command answers at once.
     deadline = _time.monotonic() + wait_ms / 1000
     while True:
@@ -242,15 +287,17 @@ def poll(pid, out_off, err_off, cap, wait_ms=0):
         if _os.path.getsize(info["base"] + ".out") > out_off or _os.path.getsize(info["base"] + ".err") > err_off:
             break
         _time.sleep(0.002)
-    chunks = {}
+    chunks: dict[str, Any] = {}
     for name, off in (("out", out_off), ("err", err_off)):
         with open(info["base"] + "." + name, "rb") as f:
             f.seek(off)
             data = f.read(cap)
         chunks[name] = _b64.b64encode(data).decode()
         chunks[name + "_off"] = off + len(data)
-    more = _os.path.getsize(info["base"] + ".out") > chunks["out_off"] or \
-        _os.path.getsize(info["base"] + ".err") > chunks["err_off"]
+    more = (
+        _os.path.getsize(info["base"] + ".out") > chunks["out_off"]
+        or _os.path.getsize(info["base"] + ".err") > chunks["err_off"]
+    )
     if status is not None and not more:
         chunks["end"] = _end(status)
         fs = _os.statvfs(HOME)
@@ -260,30 +307,28 @@ def poll(pid, out_off, err_off, cap, wait_ms=0):
     return chunks
 
 
-def send_signal(pid, signum):
+def send_signal(pid: int, signum: int) -> None:
     _status(pid)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         _os.killpg(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
-def send_input(pid, data):
-    info, code = _status(pid)
+def send_input(pid: int, data: str) -> None:
+    info, _code = _status(pid)
     p = info["popen"]
     if p.stdin is None or p.stdin.closed:
-        raise Refused("invalid", "process %d has no open stdin" % pid)
+        raise Refused("invalid", f"process {pid} has no open stdin")
     p.stdin.write(_b64.b64decode(data))
     p.stdin.flush()
 
 
-def close_stdin(pid):
+def close_stdin(pid: int) -> None:
     info, _ = _status(pid)
     if info["popen"].stdin is not None:
         info["popen"].stdin.close()
 
 
-def running():
+def running() -> list[dict[str, Any]]:
     out = []
     for pid, info in list(procs.items()):
         if _status(pid)[1] is None:
@@ -291,7 +336,7 @@ def running():
     return out
 
 
-def call(name, kwargs, marker):
+def call(name: str, kwargs: dict[str, Any], marker: str) -> None:
     try:
         answer = {"ok": globals()[name](**kwargs)}
     except Refused as exc:
@@ -311,5 +356,4 @@ def call(name, kwargs, marker):
         text = text.encode("utf-8", "replace").decode("utf-8")
     out = ("\n" + marker + text + "\n").encode()
     while out:
-        out = out[_os.write(1, out):]
-"""
+        out = out[_os.write(1, out) :]
