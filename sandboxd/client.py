@@ -27,9 +27,12 @@ for a few seconds and the step goes to the next (it never reached the first, so
 it cannot run twice). A session's steps go straight to the node that created it
 (its id names it); any node would forward them, this saves the hop.
 
-Results are returned as dicts in the API's shape. ``StepFailed`` is raised only
-for client and infrastructure errors when ``raise_infra`` is set; a program that
-fails is a normal result (``ok`` false, ``error.blame == "program"``).
+A step's result is returned as a dict in the API's shape, whatever happened: a
+program that fails is a normal result (``ok`` false, ``error.blame ==
+"program"``), a refusal or the node's failure too (``error.blame`` "client" or
+"infra"). ``StepFailed`` is raised where there is no result to return: a session
+that cannot be created or forked, a refused selection of sessions, a group's setup step
+that failed.
 """
 
 from __future__ import annotations

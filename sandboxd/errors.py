@@ -36,7 +36,7 @@ reward, so every result names its ``blame`` and a stable ``code``. A program tha
 fails (non-zero exit, its own timeout, killed at a limit) is *not* an error here:
 that is an observation, returned with HTTP 200.
 
-Errors cross process boundaries (worker -> gateway today, node -> node later),
+Errors cross process boundaries (worker or node process -> front, node -> node in a cluster),
 so each class registers itself under its ``code`` when it is defined, and
 ``to_dict``/``from_dict`` carry every field (retry hint, worker, session): the
 class that arrives is the class that was raised, with the same status.

@@ -699,11 +699,13 @@ class Gateway:
 
     async def ready(self) -> tuple[bool, dict[str, Any]]:
         """The node's status (from the node process), and whether this front reaches every live worker."""
+        not_answered = {"ready": False, "node_id": self.node_id, "why": "the node process does not answer"}
+        if self.links.node is None:  # not joined yet
+            return False, not_answered
         try:
-            assert self.links.node is not None
             answer, raw = await self.links.node.call("status")
-        except (SandboxdError, AssertionError):
-            return False, {"ready": False, "node_id": self.node_id, "why": "the node process does not answer"}
+        except SandboxdError:
+            return False, not_answered
         body: dict[str, Any] = orjson.loads(raw)
         unreached = [w.index for w in self.links.workers if not w.up]
         ok = bool(answer.get("ready")) and not unreached and not self.draining
