@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import logging
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 import orjson
@@ -152,21 +152,28 @@ class Channel(asyncio.Protocol):
 
     # ------------------------------------------------------------------ calls
 
-    def call_nowait(self, op: str, fields: Header, body: bytes = b"") -> asyncio.Future[tuple[Header, bytes]]:
-        """Send a request; the future gets the answer's (header, body), or the rebuilt error of a refusal
-        via ``answer_of``. Returned as a future so a caller can attach a callback instead of awaiting."""
+    def call_nowait(
+        self, op: str, fields: Mapping[str, object], body: bytes = b""
+    ) -> asyncio.Future[tuple[Header, bytes]]:
+        """Send a request (``fields``: the operation's message, ``messages.py``); the future gets the answer's
+        (header, body), or the rebuilt error of a refusal via ``answer_of``. Returned as a future so a caller
+        can attach a callback instead of awaiting. ``fields`` is the caller's own dict, sent as the frame's
+        header without a copy (a step's hot path): it gains ``id`` and ``op``."""
         fut: asyncio.Future[tuple[Header, bytes]] = asyncio.get_running_loop().create_future()
         if self.transport is None or self.transport.is_closing():
             fut.set_exception(LinkClosed("the link is closed"))
             return fut
         msg_id = next(self.ids)
-        fields["id"] = msg_id
-        fields["op"] = op
+        header = cast(Header, fields)
+        header["id"] = msg_id
+        header["op"] = op
         self.pending[msg_id] = fut
-        self.transport.write(frame(fields, body))
+        self.transport.write(frame(header, body))
         return fut
 
-    async def call(self, op: str, fields: Header | None = None, body: bytes = b"") -> tuple[Header, bytes]:
+    async def call(
+        self, op: str, fields: Mapping[str, object] | None = None, body: bytes = b""
+    ) -> tuple[Header, bytes]:
         """Send a request and wait for its answer; an error answer is raised as the error that was raised."""
         return answer_of(await self.call_nowait(op, dict(fields or {}), body))
 

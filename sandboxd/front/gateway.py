@@ -54,6 +54,7 @@ from sandboxd.errors import (
 from sandboxd.front.links import NodeLinks
 from sandboxd.ids import owner_of, tenant_of_key, worker_of
 from sandboxd.links import Channel, Header, LinkClosed, answer_of
+from sandboxd.messages import CreateCall, DeadlineCall, NodeForkCall, SelectCall, StepCall
 from sandboxd.metrics import FrontMetrics
 from sandboxd.models import ForkResult, SessionCreate, SessionFork, SessionInfo, StepRequest, StepResult
 from sandboxd.registry import kinds
@@ -330,7 +331,7 @@ class Gateway:
         if session_id is not None:
             channel = self._session_worker(session_id)
             try:
-                fields = {"tenant": tenant, "t0": t0, "step_key": step_key}
+                fields: StepCall = {"tenant": tenant, "t0": t0, "step_key": step_key}
                 header, out = answer_of(await channel.call_nowait("step", fields, body))
             except LinkClosed:
                 place = worker_of(session_id)
@@ -452,7 +453,7 @@ class Gateway:
             raise BadRequest(f"runner {req.runner!r} has no sessions: {kind.no_sessions}")
         as_json(req.options, "options")
         assert self.links.node is not None
-        fields = {
+        fields: CreateCall = {
             "tenant": tenant,
             "runner": req.runner,
             "options": req.options,
@@ -496,7 +497,7 @@ class Gateway:
             raise_for(status, data)
             return SessionInfo.model_validate_json(data)
         channel = self._session_worker(session_id)
-        fields = {"session_id": session_id, "tenant": tenant, "timeout_s": timeout_s}
+        fields: DeadlineCall = {"session_id": session_id, "tenant": tenant, "timeout_s": timeout_s}
         _, out = await channel.call("deadline", fields)
         return SessionInfo.model_validate_json(out)
 
@@ -547,7 +548,7 @@ class Gateway:
             raise ShuttingDown("this node is shutting down; it makes no new sessions")
         self._session_worker(session_id)  # 404 / 410 for ids that name no live worker of ours
         assert self.links.node is not None
-        fields = {
+        fields: NodeForkCall = {
             "source": session_id,
             "tenant": tenant,
             "n": req.n,
@@ -609,7 +610,7 @@ class Gateway:
         """List (``sessions``), renew or close (``count``) the tenant's sessions carrying ``labels``, on every
         worker of this node and, in a cluster, every other node (asked once: a forwarded call is not passed
         on). Nodes that could not be asked are named in ``unreached``; their sessions were not touched."""
-        fields = {"tenant": tenant, "labels": labels, "what": what, "idle_s": idle_s}
+        fields: SelectCall = {"tenant": tenant, "labels": labels, "what": what, "idle_timeout_s": idle_s}
         live = [w.channel for w in self.links.workers if w.channel is not None and w.channel.alive]
         answers = await asyncio.gather(*(ch.call("select", fields) for ch in live), return_exceptions=True)
         sessions: list[Any] = []

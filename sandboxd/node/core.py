@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from sandboxd.errors import (
 )
 from sandboxd.ids import new_session_id, tenant_of_key, worker_of
 from sandboxd.links import Channel, Header
+from sandboxd.messages import CreateCall, ForkCall, KvCall, NodeForkCall, NodeHello, OpenCall
 from sandboxd.metrics import MULTIPROC_ENV
 from sandboxd.node.budget import node_budget
 from sandboxd.node.drain import DrainToken
@@ -75,6 +77,7 @@ class NodeCore:
         weights = {tenant_of_key(key): w for key, w in settings.tenant_weights.items()}
         self.ledger = Ledger(settings.tenant_max_sessions, node_budget(settings), caps, weights)
         self.kv = MemoryKV(settings.idempotency_max_entries)
+        self._ops = self._handlers()
         self.workers: Workers | None = None
         self.board: Board | None = None
         self.tally: Tally | None = None
@@ -227,27 +230,46 @@ class NodeCore:
     # ------------------------------------------------------------------ the fronts' requests
 
     async def handle(self, ch: Channel, h: Header, body: bytes) -> tuple[Header, bytes]:
-        op = h["op"]
-        if op == "hello":
-            self.fronts.add(ch)
-            row = self._tally_row()
-            ch.peer = {"role": "front", "index": h.get("index"), "pid": h.get("pid"), "tally_row": row}
-            return {**self.topology(), "tally_row": row, "tally_rows": self.tally.rows if self.tally else 0}, b""
-        if op == "create":
-            return {}, orjson.dumps(await self.create_session(h))
-        if op == "fork":
-            return {}, orjson.dumps(await self.fork_session(h))
-        if op == "status":
-            ok, status = await self.status()
-            return {"ready": ok}, orjson.dumps(status)
-        if op == "drain":
-            self.begin_drain()
-            return {"inflight": await self.inflight(), "sessions": self.ledger.count()}, b""
-        if op == "kv":
-            return await self.kv_op(h), b""
-        raise InfraError(f"unknown node op {op!r}")
+        handler = self._ops.get(h["op"])
+        if handler is None:
+            raise InfraError(f"unknown node op {h['op']!r}")
+        return await handler(ch, h, body)
 
-    async def kv_op(self, h: Header) -> Header:
+    def _handlers(self) -> dict[str, Callable[[Channel, Any, bytes], Awaitable[tuple[Header, bytes]]]]:
+        """The fronts' operations (their fields: ``messages.py``)."""
+        return {
+            "hello": self._op_hello,
+            "create": self._op_create,
+            "fork": self._op_fork,
+            "status": self._op_status,
+            "drain": self._op_drain,
+            "kv": self._op_kv,
+        }
+
+    async def _op_hello(self, ch: Channel, h: NodeHello, body: bytes) -> tuple[Header, bytes]:
+        self.fronts.add(ch)
+        row = self._tally_row()
+        ch.peer = {"role": "front", "index": h.get("index"), "pid": h.get("pid"), "tally_row": row}
+        return {**self.topology(), "tally_row": row, "tally_rows": self.tally.rows if self.tally else 0}, b""
+
+    async def _op_create(self, ch: Channel, h: CreateCall, body: bytes) -> tuple[Header, bytes]:
+        return {}, orjson.dumps(await self.create_session(h))
+
+    async def _op_fork(self, ch: Channel, h: NodeForkCall, body: bytes) -> tuple[Header, bytes]:
+        return {}, orjson.dumps(await self.fork_session(h))
+
+    async def _op_status(self, ch: Channel, h: Header, body: bytes) -> tuple[Header, bytes]:
+        ok, status = await self.status()
+        return {"ready": ok}, orjson.dumps(status)
+
+    async def _op_drain(self, ch: Channel, h: Header, body: bytes) -> tuple[Header, bytes]:
+        self.begin_drain()
+        return {"inflight": await self.inflight(), "sessions": self.ledger.count()}, b""
+
+    async def _op_kv(self, ch: Channel, h: KvCall, body: bytes) -> tuple[Header, bytes]:
+        return await self.kv_op(h), b""
+
+    async def kv_op(self, h: KvCall) -> Header:
         kv, key = self.kv, str(h["key"])
         what = h["what"]
         if what == "claim":
@@ -276,7 +298,7 @@ class NodeCore:
         assert self.workers is not None
         return [w for w in self.workers.procs if w.alive and runner in w.capacity]
 
-    async def create_session(self, h: Header) -> dict[str, Any]:
+    async def create_session(self, h: CreateCall) -> dict[str, Any]:
         """A new session on this node, within the tenant's quota, on the hosting worker with fewest sessions."""
         self._refuse_new()
         tenant, runner = str(h["tenant"]), str(h["runner"])
@@ -300,15 +322,17 @@ class NodeCore:
         sid = new_session_id(self.node_id, w.index, w.incarnation)
         assert w.link is not None
         with self.ledger.opening(tenant, runner, w.index, 1):
-            fields = {
+            fields: OpenCall = {
                 "session_id": sid,
                 "runner": runner,
                 "tenant": tenant,
                 "options": options,
                 "labels": h.get("labels") or {},
+                "ttl_s": ttl,
+                "idle_timeout_s": idle,
             }
             try:
-                _, info = await w.link.call("open", {**fields, "ttl_s": ttl, "idle_s": idle})
+                _, info = await w.link.call("open", fields)
             except Saturated:  # a worker's session cap
                 self.ledger.note_refused(tenant, runner)
                 raise
@@ -324,7 +348,7 @@ class NodeCore:
         described: dict[str, Any] = orjson.loads(info)
         return described
 
-    async def fork_session(self, h: Header) -> dict[str, Any]:
+    async def fork_session(self, h: NodeForkCall) -> dict[str, Any]:
         """``n`` new sessions from a copy of a session's state, on its worker; all or none, within the quota."""
         self._refuse_new()
         source, tenant, n = str(h["source"]), str(h["tenant"]), int(h["n"])
@@ -353,8 +377,14 @@ class NodeCore:
         new_ids = [new_session_id(self.node_id, w.index, w.incarnation) for _ in range(n)]
         assert w.link is not None
         with self.ledger.opening(tenant, entry.runner, w.index, n):
-            fields = {"source": source, "tenant": tenant, "new_ids": new_ids, "ttl_s": ttl, "idle_s": idle}
-            _, raw = await w.link.call("fork", fields)
+            call: ForkCall = {
+                "source": source,
+                "tenant": tenant,
+                "new_ids": new_ids,
+                "ttl_s": ttl,
+                "idle_timeout_s": idle,
+            }
+            _, raw = await w.link.call("fork", call)
             recorded: list[str] = []
             try:
                 if self.cluster is not None:

@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,6 +43,17 @@ from sandboxd.errors import (
 )
 from sandboxd.ids import tenant_of_key
 from sandboxd.links import Channel, Header
+from sandboxd.messages import (
+    CloseCall,
+    DeadlineCall,
+    ForkCall,
+    InterruptCall,
+    OpenCall,
+    SelectCall,
+    SessionCall,
+    StatusCall,
+    WorkerHello,
+)
 from sandboxd.metrics import WorkerMetrics
 from sandboxd.models import StepRequest
 from sandboxd.registry import kinds
@@ -61,6 +73,9 @@ from sandboxd.worker.admission import Admission
 from sandboxd.worker.sessions import SessionRecord, SessionTable
 
 log = logging.getLogger("sandboxd.worker")
+
+# A link operation's handler: its header is the operation's own message type (``messages.py``).
+OpHandler = Callable[[Channel, Any, bytes], Awaitable[tuple[Header, bytes]]]
 
 
 def hosted_kinds(settings: NodeSettings, index: int) -> list[RunnerKind]:
@@ -93,6 +108,7 @@ class Worker:
         self._reaper: asyncio.Task[None] | None = None
         self._borrowers: set[str] = set()
         self._max_bytes = {k: settings.runner_config(k).max_action_bytes for k in self.all_kinds}
+        self._ops = self._handlers()
 
     async def start(self) -> None:
         for name, kind in self.kinds.items():
@@ -131,42 +147,68 @@ class Worker:
     # ------------------------------------------------------------------ the link's requests
 
     async def handle(self, ch: Channel, h: Header, body: bytes) -> tuple[Header, bytes]:
-        op = h["op"]
-        if op == "step":
-            return await self.step(h, body)
-        if op == "info":
-            rec = self.sessions.get(h["session_id"], h["tenant"])
-            return {}, orjson.dumps(rec.describe())
-        if op == "close":
-            await self.close_session(h["session_id"], h["tenant"], h.get("why") or "closed by the client")
-            return {}, b""
-        if op == "open":
-            return {}, orjson.dumps(await self.open_session(h))
-        if op == "fork":
-            return {}, orjson.dumps(await self.fork_session(h))
-        if op == "select":
-            return await self.select_sessions(h), b""
-        if op == "deadline":
-            rec = self.sessions.get(h["session_id"], h["tenant"])
-            rec.ends_in(float(h["timeout_s"]), self.settings.session_ttl_s, self.settings.session_idle_s)
-            return {}, orjson.dumps(rec.describe())
-        if op == "interrupt":  # only the step its caller named: never another caller's, queued or running
-            rec = self.sessions.get(h["session_id"], h["tenant"])
-            run = self.runners.get(rec.runner)
-            ours = rec.busy and rec.step_key is not None and rec.step_key == h.get("step_key")
-            interruptible = run is not None and self.kind(rec.runner).capabilities.interrupt
-            hit = ours and interruptible and await cast(InterruptingRunner, run).interrupt_session(rec.session_id)
-            return {"interrupted": hit}, b""
-        if op == "status":
-            return {}, orjson.dumps({sid: self.sessions.state(sid, h["tenant"]) for sid in h["session_ids"]})
-        if op == "hello":
-            ch.peer = {"role": h.get("role"), "index": h.get("index")}
-            if h.get("role") == "node":
-                self.node = ch
-            return {"pid": os.getpid(), "incarnation": self.incarnation, "capacity": self.capacity()}, b""
-        if op == "ping":
-            return await self.ping(), b""
-        raise InfraError(f"unknown worker op {op!r}")
+        handler = self._ops.get(h["op"])
+        if handler is None:
+            raise InfraError(f"unknown worker op {h['op']!r}")
+        return await handler(ch, h, body)
+
+    def _handlers(self) -> dict[str, OpHandler]:
+        """The link's operations (their fields: ``messages.py``)."""
+        return {
+            "step": lambda ch, h, body: self.step(h, body),
+            "info": self._op_info,
+            "close": self._op_close,
+            "open": self._op_open,
+            "fork": self._op_fork,
+            "select": self._op_select,
+            "deadline": self._op_deadline,
+            "interrupt": self._op_interrupt,
+            "status": self._op_status,
+            "hello": self._op_hello,
+            "ping": self._op_ping,
+        }
+
+    async def _op_info(self, ch: Channel, h: SessionCall, body: bytes) -> tuple[Header, bytes]:
+        return {}, orjson.dumps(self.sessions.get(h["session_id"], h["tenant"]).describe())
+
+    async def _op_close(self, ch: Channel, h: CloseCall, body: bytes) -> tuple[Header, bytes]:
+        await self.close_session(h["session_id"], h["tenant"], h.get("why") or "closed by the client")
+        return {}, b""
+
+    async def _op_open(self, ch: Channel, h: OpenCall, body: bytes) -> tuple[Header, bytes]:
+        return {}, orjson.dumps(await self.open_session(h))
+
+    async def _op_fork(self, ch: Channel, h: ForkCall, body: bytes) -> tuple[Header, bytes]:
+        return {}, orjson.dumps(await self.fork_session(h))
+
+    async def _op_select(self, ch: Channel, h: SelectCall, body: bytes) -> tuple[Header, bytes]:
+        return await self.select_sessions(h), b""
+
+    async def _op_deadline(self, ch: Channel, h: DeadlineCall, body: bytes) -> tuple[Header, bytes]:
+        rec = self.sessions.get(h["session_id"], h["tenant"])
+        rec.ends_in(float(h["timeout_s"]), self.settings.session_ttl_s, self.settings.session_idle_s)
+        return {}, orjson.dumps(rec.describe())
+
+    async def _op_interrupt(self, ch: Channel, h: InterruptCall, body: bytes) -> tuple[Header, bytes]:
+        """Only the step its caller named: never another caller's, queued or running."""
+        rec = self.sessions.get(h["session_id"], h["tenant"])
+        run = self.runners.get(rec.runner)
+        ours = rec.busy and rec.step_key is not None and rec.step_key == h.get("step_key")
+        interruptible = run is not None and self.kind(rec.runner).capabilities.interrupt
+        hit = ours and interruptible and await cast(InterruptingRunner, run).interrupt_session(rec.session_id)
+        return {"interrupted": hit}, b""
+
+    async def _op_status(self, ch: Channel, h: StatusCall, body: bytes) -> tuple[Header, bytes]:
+        return {}, orjson.dumps({sid: self.sessions.state(sid, h["tenant"]) for sid in h["session_ids"]})
+
+    async def _op_hello(self, ch: Channel, h: WorkerHello, body: bytes) -> tuple[Header, bytes]:
+        ch.peer = {"role": h.get("role"), "index": h.get("index")}
+        if h.get("role") == "node":
+            self.node = ch
+        return {"pid": os.getpid(), "incarnation": self.incarnation, "capacity": self.capacity()}, b""
+
+    async def _op_ping(self, ch: Channel, h: Header, body: bytes) -> tuple[Header, bytes]:
+        return await self.ping(), b""
 
     async def ping(self) -> Header:
         runners = {k: await r.health() for k, r in self.runners.items()}
@@ -327,7 +369,7 @@ class Worker:
 
     # ------------------------------------------------------------------ sessions
 
-    async def open_session(self, h: Header) -> dict[str, object]:
+    async def open_session(self, h: OpenCall) -> dict[str, object]:
         """A new session (the node placed it here, within the tenant's quota)."""
         runner, sid = h["runner"], h["session_id"]
         run = self.runners.get(runner)
@@ -335,13 +377,20 @@ class Worker:
             raise InfraError(f"worker {self.index} does not host runner {runner!r}")
         await run.open_session(sid, h.get("options") or {})
         rec = SessionRecord(
-            sid, runner, h["tenant"], self.settings.node_id, self.index, h["ttl_s"], h["idle_s"], h.get("labels") or {}
+            sid,
+            runner,
+            h["tenant"],
+            self.settings.node_id,
+            self.index,
+            h["ttl_s"],
+            h["idle_timeout_s"],
+            h.get("labels") or {},
         )
         self.sessions.add(rec)
         self.metrics.sessions.labels(runner).set(self.sessions.count(runner))
         return rec.describe()
 
-    async def fork_session(self, h: Header) -> dict[str, object]:
+    async def fork_session(self, h: ForkCall) -> dict[str, object]:
         """``new_ids`` sessions, each from a copy of the source's state now; all or none. The source must be
         idle (a step mid-way is no state); steps wait out the fork (409), forks of one source may overlap."""
         rec = self.sessions.get(h["source"], h["tenant"])
@@ -375,7 +424,7 @@ class Worker:
                 self.settings.node_id,
                 self.index,
                 h["ttl_s"],
-                h["idle_s"],
+                h["idle_timeout_s"],
                 dict(rec.labels),
             )
             for sid in h["new_ids"]
@@ -386,7 +435,7 @@ class Worker:
         self.metrics.forks.labels(rec.runner).inc()
         return {"sessions": [c.describe() for c in copies], "notes": notes}
 
-    async def select_sessions(self, h: Header) -> Header:
+    async def select_sessions(self, h: SelectCall) -> Header:
         """List, renew or close the tenant's sessions that carry ``labels``: a trainer's whole run in one call.
         Renewing restarts their idle timers (and sets a new idle timeout, at most the node's): a trainer that
         stops renewing, because it died, leaves sessions that end one idle timeout later."""
@@ -395,7 +444,7 @@ class Worker:
         if what == "list":
             return {"sessions": [r.describe() for r in chosen]}
         if what == "renew":
-            idle_s = h.get("idle_s")
+            idle_s = h.get("idle_timeout_s")
             for rec in chosen:
                 rec.renew(float(idle_s) if idle_s else None, self.settings.session_idle_s)
             return {"count": len(chosen)}
