@@ -115,7 +115,7 @@ if [[ $MODE == test && "$(uname -m)" == "x86_64" ]]; then "$VENV/bin/python" scr
 "$VENV/bin/python" - <<'PYEOF'
 import os, subprocess, sys
 from pathlib import Path
-from sandboxd.runners.python.config import JAIL_PYTHON_ROOT, world_traversable
+from sandboxd.runners.jail.config import JAIL_PYTHON_ROOT, world_traversable
 base = Path(sys.base_prefix)
 if world_traversable(base):
     print(f"[setup] jail interpreter: {base} (readable by nobody)")

@@ -9,7 +9,7 @@ from sandboxd.errors import BadRequest, PayloadTooLarge
 from sandboxd.runners.base import Capabilities, RunnerKind, StepLimits
 from sandboxd.runners.code.config import CodeRunnerConfig
 from sandboxd.runners.code.models import CodeAction, CodeObservation
-from sandboxd.runners.python import check_limits, check_payload
+from sandboxd.runners.jail.admit import check_limits, check_payload
 
 
 def admit(action: CodeAction, limits: StepLimits, cfg: CodeRunnerConfig) -> None:

@@ -1,4 +1,4 @@
-"""Configuration of the ``code`` runner (``SANDBOXD_CODE__*``): the python kind's jail settings, plus
+"""Configuration of the ``code`` runner (``SANDBOXD_CODE__*``): the jail core's settings, plus
 compilation's own limits and the compile cache."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 from pydantic import Field
 
 from sandboxd.runners.base import Reservation
-from sandboxd.runners.python.config import SLOT_HEADROOM_BYTES, SLOT_OVERHEAD_PIDS, PythonRunnerConfig
+from sandboxd.runners.jail.config import SLOT_HEADROOM_BYTES, SLOT_OVERHEAD_PIDS, JailConfig
 
 
-class CodeRunnerConfig(PythonRunnerConfig):
-    """Compiled and interpreted languages in the python kind's warm jails (one-shot steps only)."""
+class CodeRunnerConfig(JailConfig):
+    """Compiled and interpreted languages in the jail core's warm jails (one-shot steps only)."""
 
     slots_per_worker: int = Field(
         2, ge=1, le=256, description="Warm one-shot jails per worker: concurrent compilations or runs per worker."
@@ -18,8 +18,6 @@ class CodeRunnerConfig(PythonRunnerConfig):
     burst_slots_per_worker: int = Field(
         1, ge=0, le=64, description="Warm jails beyond slots_per_worker, for tenants below their fair share."
     )
-    session_jails_per_worker: int = Field(0, ge=0, le=0, description="None: code steps are one-shots.")
-    warm_sessions_per_jail: int = Field(0, ge=0, le=0, description="None: code steps are one-shots.")
     tmpfs_mb: int = Field(
         256, ge=16, description="The private /tmp of each compilation or run (compilers' temporaries go there)."
     )

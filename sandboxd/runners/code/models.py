@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandboxd.runners.python.models import PythonObservation, StepFiles
+from sandboxd.runners.jail.models import ExecutionObservation, StepFiles
 
 Verdict = Literal[
     "accepted", "wrong_answer", "runtime_error", "time_limit", "memory_limit", "output_limit", "finished", "skipped"
@@ -98,7 +98,7 @@ class CaseResult(BaseModel):
     max_rss_kb: int | None = None
 
 
-class CodeObservation(PythonObservation):
+class CodeObservation(ExecutionObservation):
     """The run's fields (as a python one-shot's), or those of the last case run; the compilation; the cases."""
 
     language: str = ""

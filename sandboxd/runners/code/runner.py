@@ -26,9 +26,9 @@ from sandboxd.runners.code.languages import Toolchain, installed
 from sandboxd.runners.code.models import CaseResult, CodeAction, CodeObservation, CompileObservation, TestCase
 from sandboxd.runners.jail.executions import Executions
 from sandboxd.runners.jail.jail import python_executable
+from sandboxd.runners.jail.models import ExecutionObservation
 from sandboxd.runners.jail.pool import Slot, SlotPool
 from sandboxd.runners.python.environments import served
-from sandboxd.runners.python.models import PythonObservation
 
 
 @functools.cache
@@ -56,7 +56,7 @@ def judge(compare: str, expected: str, got: str) -> bool:
     return lines == want
 
 
-def case_verdict(obs: PythonObservation, case: TestCase, compare: str) -> CaseResult:
+def case_verdict(obs: ExecutionObservation, case: TestCase, compare: str) -> CaseResult:
     if obs.timed_out:
         verdict = "time_limit"
     elif obs.killed_by in ("memory", "output"):
@@ -162,7 +162,7 @@ class CodeRunner:
             compiled, run_files, executable = None, [*files, (lang.source, source)], []
         if action.cases is None:
             outcome = await self._run(slot, chain, run_files, executable, action.stdin.encode(), limits)
-            assert isinstance(outcome.observation, PythonObservation)
+            assert isinstance(outcome.observation, ExecutionObservation)
             obs = CodeObservation(**outcome.observation.model_dump(), language=lang.name, compile=compiled)
             return StepOutcome(
                 observation=obs, failure=outcome.failure, killed_by=outcome.killed_by, limits_hit=outcome.limits_hit
@@ -186,7 +186,7 @@ class CodeRunner:
         outcome = await self._execute(slot, header, body, limits)
         wall_ms = round((asyncio.get_running_loop().time() - started) * 1000, 3)
         obs = outcome.observation
-        assert isinstance(obs, PythonObservation)
+        assert isinstance(obs, ExecutionObservation)
         compiled = CompileObservation(**obs.model_dump(include=COMPILE_FIELDS), wall_ms=wall_ms)
         artifact = (obs.files or {}).get(lang.artifact)
         if outcome.failure is None and artifact is not None:
@@ -264,7 +264,7 @@ class CodeRunner:
                     )
                     outcome = await self._run(where, chain, files, executable, case.stdin.encode(), case_limits)
                     self.stats["cases_run"] += 1
-                    assert isinstance(outcome.observation, PythonObservation)
+                    assert isinstance(outcome.observation, ExecutionObservation)
                     result = results[i] = case_verdict(outcome.observation, case, action.compare)
                     last[:] = [outcome]
                     stop = action.stop_on_failure and result.verdict not in ("accepted", "finished")

@@ -18,16 +18,16 @@ from typing import Any
 from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError
 from sandboxd.runners.base import ProgramFailure, StepLimits, StepOutcome
 from sandboxd.runners.cgroups import CgroupGroup, Counters
+from sandboxd.runners.jail.config import JailConfig
 from sandboxd.runners.jail.jail import Executor, Jail, Output, run_step
 from sandboxd.runners.jail.jailside import wire
-from sandboxd.runners.python.config import PythonRunnerConfig
-from sandboxd.runners.python.models import PythonObservation
+from sandboxd.runners.jail.models import ExecutionObservation
 from sandboxd.runners.starvation import Starvation, usable_cores
 
 log = logging.getLogger(__name__)
 
 
-def verdict(obs: PythonObservation) -> ProgramFailure | None:
+def verdict(obs: ExecutionObservation) -> ProgramFailure | None:
     """The program's own failure, decided from what was measured outside the sandbox."""
     if obs.timed_out:
         return ProgramFailure("program_timeout", "the program ran past its time limit")
@@ -71,9 +71,12 @@ class Executions:
     counters every jailed kind reports (``stats``). One per runner instance; its slots (``pool.py``) and
     sessions run through it, so the density a step's wall cap allows for counts all of them."""
 
-    def __init__(self, kind: str, cfg: PythonRunnerConfig) -> None:
+    def __init__(
+        self, kind: str, cfg: JailConfig, observation: type[ExecutionObservation] = ExecutionObservation
+    ) -> None:
         self.kind = kind
         self.cfg = cfg
+        self.observation = observation  # the kind's own model of an execution's observation
         self.stats: dict[str, int] = {
             "sandbox_starts": 0,
             "jail_starts": 0,
@@ -236,7 +239,7 @@ class Executions:
         if killed_by is not None:
             self.stats[f"kills_{killed_by}"] = self.stats.get(f"kills_{killed_by}", 0) + 1
         alive = bool(r.get("alive", True)) if session else None
-        obs = PythonObservation(
+        obs = self.observation(
             exit_code=r.get("exit_code"),
             stdout=out.out.decode("utf-8", errors="replace"),
             stderr=out.err.decode("utf-8", errors="replace"),

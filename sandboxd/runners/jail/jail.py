@@ -41,9 +41,9 @@ from sandboxd.constants import SESSION_HOME
 from sandboxd.errors import SandboxSetupError
 from sandboxd.runners import jailconf
 from sandboxd.runners.cgroups import CgroupGroup
+from sandboxd.runners.jail.config import JailConfig
 from sandboxd.runners.jail.jailside import wire
 from sandboxd.runners.python import environments
-from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.environments import Environment
 from sandboxd.runners.starvation import Starvation
 from sandboxd.spawn import Child, spawn
@@ -64,7 +64,7 @@ def kafel_policy() -> str:
     return jailconf.kafel_policy("sandboxd_jail")
 
 
-def nsjail_binary(cfg: PythonRunnerConfig) -> str:
+def nsjail_binary(cfg: JailConfig) -> str:
     return jailconf.nsjail_binary(cfg.nsjail_path)
 
 
@@ -88,7 +88,7 @@ def env_path(env: Environment) -> str:
     return f"{ENVS_MOUNT}/{env.name}/site"
 
 
-def jail_environments(cfg: PythonRunnerConfig) -> list[tuple[str, Environment]]:
+def jail_environments(cfg: JailConfig) -> list[tuple[str, Environment]]:
     """The environments a jail serves, in the order the zygote numbers them (``action.env`` -> index)."""
     return list(environments.served(cfg.environments_dir).items())  # by name, as ``served`` keeps them
 
@@ -111,7 +111,7 @@ def startup_modules(prefix: str) -> tuple[str, ...]:
     return tuple(str(n) for n in names if n != "__main__")
 
 
-def build_config(cfg: PythonRunnerConfig, mode: str = "oneshot", hostname: str = "sandbox") -> NsJailConfig:
+def build_config(cfg: JailConfig, mode: str = "oneshot", hostname: str = "sandbox") -> NsJailConfig:
     """The jail: empty tmpfs root, read-only system and interpreter, nothing of /run, /var, /home (sessions:
     only ``SESSION_HOME``, their own /tmp bound again); the built environments read-only at their own path."""
     prefix = cfg.resolved_prefix()
@@ -338,7 +338,7 @@ def _wake(fut: asyncio.Future[None]) -> None:
 class Jail:
     """A running nsjail + zygote; hands out executors in the given ``mode``."""
 
-    def __init__(self, name: str, mode: str, cfg: PythonRunnerConfig, cgroup: CgroupGroup, runtime_dir: Path) -> None:
+    def __init__(self, name: str, mode: str, cfg: JailConfig, cgroup: CgroupGroup, runtime_dir: Path) -> None:
         self.name, self.mode, self.cfg, self.cgroup = name, mode, cfg, cgroup
         self.runtime_dir = runtime_dir
         self.proc: Child | None = None

@@ -21,10 +21,10 @@ from typing import Any
 from sandboxd.errors import SandboxSetupError
 from sandboxd.runners.base import StepLimits, StepOutcome
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot
+from sandboxd.runners.jail.config import SLOT_HEADROOM_BYTES, SLOT_OVERHEAD_PIDS, JailConfig
 from sandboxd.runners.jail.executions import Executions
 from sandboxd.runners.jail.jail import Executor, Jail
 from sandboxd.runners.jail.jailside import wire
-from sandboxd.runners.python.config import SLOT_HEADROOM_BYTES, SLOT_OVERHEAD_PIDS, PythonRunnerConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def _close_executor(task: asyncio.Task[Executor]) -> None:
 class SlotPool:
     """The one-shot slots of one runner instance; its executions run through ``execs``."""
 
-    def __init__(self, cfg: PythonRunnerConfig, runtime_dir: Path, execs: Executions) -> None:
+    def __init__(self, cfg: JailConfig, runtime_dir: Path, execs: Executions) -> None:
         self.cfg = cfg
         self.runtime_dir = runtime_dir
         self.execs = execs

@@ -4,32 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandboxd.errors import BadRequest, PayloadTooLarge
+from sandboxd.errors import BadRequest
 from sandboxd.runners.base import Capabilities, RunnerKind, StepLimits
+from sandboxd.runners.jail.admit import check_limits, check_payload
 from sandboxd.runners.python import environments
 from sandboxd.runners.python.config import PythonRunnerConfig
-from sandboxd.runners.python.models import PythonAction, PythonObservation, PythonSessionOptions, StepFiles
-
-
-def check_payload(action: StepFiles, code: str, stdin: str, cfg: PythonRunnerConfig) -> None:
-    """A program, its stdin and its files within this node's caps (python and code steps alike), or a 413."""
-    for what, size, cap in (
-        ("code", len(code.encode()), cfg.max_code_bytes),
-        ("stdin", len(stdin.encode()), cfg.max_stdin_bytes),
-        ("files", sum(len(data) for _, data in action.file_bytes()), cfg.max_files_bytes),
-    ):
-        if size > cap:
-            raise PayloadTooLarge(f"action.{what} is {size} bytes; this node takes at most {cap}")
-
-
-def check_limits(limits: StepLimits, cfg: PythonRunnerConfig) -> None:
-    """Per-step limits above this node's maxima are the client's error."""
-    if limits.memory_mb is not None and limits.memory_mb > cfg.memory_mb:
-        raise BadRequest(f"limits.memory_mb: {limits.memory_mb} exceeds this node's maximum {cfg.memory_mb}")
-    if limits.max_output_bytes is not None and limits.max_output_bytes > cfg.max_output_bytes:
-        raise BadRequest(
-            f"limits.max_output_bytes: {limits.max_output_bytes} exceeds this node's maximum {cfg.max_output_bytes}"
-        )
+from sandboxd.runners.python.models import PythonAction, PythonObservation, PythonSessionOptions
 
 
 def admit(action: PythonAction, limits: StepLimits, cfg: PythonRunnerConfig) -> None:

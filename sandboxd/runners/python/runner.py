@@ -32,19 +32,17 @@ from sandboxd.runners.base import (
     refuse_fork_at_cap,
 )
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot, Counters
+from sandboxd.runners.jail.config import SLOT_OVERHEAD_PIDS
 from sandboxd.runners.jail.executions import Executions
 from sandboxd.runners.jail.jail import Executor, Jail, jail_environments, startup_modules
 from sandboxd.runners.jail.jailside import wire
+from sandboxd.runners.jail.models import MAX_FILES
 from sandboxd.runners.jail.pool import SlotPool
 from sandboxd.runners.python import fork
-from sandboxd.runners.python.config import (
-    SESSION_ZYGOTE_BYTES,
-    SLOT_OVERHEAD_PIDS,
-    PythonRunnerConfig,
-)
+from sandboxd.runners.python.config import SESSION_ZYGOTE_BYTES, PythonRunnerConfig
 from sandboxd.runners.python.environments import Environment
 from sandboxd.runners.python.fork import Lineage
-from sandboxd.runners.python.models import MAX_FILES, PythonAction, PythonObservation, PythonSessionOptions
+from sandboxd.runners.python.models import PythonAction, PythonObservation, PythonSessionOptions
 from sandboxd.runners.python.snapshot import read_workdir
 
 log = logging.getLogger(__name__)
@@ -126,7 +124,7 @@ class PythonRunner:
         self.cfg = cfg
         self.runtime_dir = ctx.runtime_dir / ctx.name
         self.name = ctx.name
-        self.execs = Executions("python", cfg)
+        self.execs = Executions("python", cfg, PythonObservation)
         self.stats = self.execs.stats
         self.stats["forks"] = 0
         self.pool = SlotPool(cfg, self.runtime_dir, self.execs)

@@ -25,7 +25,7 @@ import struct
 from dataclasses import dataclass, field
 
 from sandboxd.errors import SessionLost
-from sandboxd.runners.python.models import MAX_PATH_BYTES
+from sandboxd.runners.jail.models import MAX_PATH_BYTES
 
 SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64
 RESOLVE_NO_MAGICLINKS = 0x02
