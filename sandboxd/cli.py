@@ -70,7 +70,9 @@ def _smoke(args: argparse.Namespace) -> int:
 
     return (
         EXIT_OK
-        if asyncio.run(run_smoke(args.target, load_s=args.load_s, concurrency=args.concurrency))
+        if asyncio.run(
+            run_smoke(args.target, load_s=args.load_s, concurrency=args.concurrency, timeout_s=args.timeout_s)
+        )
         else EXIT_FAILED
     )
 
@@ -315,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=hlp)
         if name == "smoke":
             p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8080")
+            p.add_argument("--timeout-s", type=float, default=None, help="each step's limit (a slow machine)")
         p.add_argument("--load-s", type=float, default=5.0, help="seconds of load after the programs (0 = none)")
         p.add_argument("--concurrency", type=int, default=8, help="concurrent one-shot steps during the load")
         p.set_defaults(func=func)

@@ -120,6 +120,12 @@ class NodeSettings(BaseSettings):
     idempotency_max_entries: int = Field(
         100_000, ge=0, description="Most remembered idempotent results (oldest dropped first)."
     )
+    worker_start_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="A worker not listening this long after it was started (its jails and warm templates ready) is "
+        "killed: the node does not start, or replaces it again. Raise it on slow machines (an emulated guest).",
+    )
     worker_ping_interval_s: float = Field(2.0, gt=0, description="Health-check interval of each worker.")
     worker_ping_timeout_s: float = Field(
         10.0, gt=0, description="A worker that does not answer a ping this long is replaced."

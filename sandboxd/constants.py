@@ -40,7 +40,6 @@ LATENCY_BUCKETS_S = (
     60.0,
     300.0,
 )
-WORKER_START_TIMEOUT_S = 120.0  # jails of a worker start in parallel; 2 cores, cold page cache
 WORKER_RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 IPC_MAX_FRAME_BYTES = 512 << 20
 SESSION_ID_BYTES = 12

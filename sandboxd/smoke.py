@@ -59,19 +59,22 @@ def _line(name: str, r: dict[str, Any]) -> str:
     return f"  {name:<28} ok={r.get('ok')!s:<5} {what:<28} blame={blame:<8} {r.get('latency_ms', 0):7.1f} ms  {out}"
 
 
-async def run_smoke(base_url: str, load_s: float = 5.0, concurrency: int = 8) -> bool:
+async def run_smoke(base_url: str, load_s: float = 5.0, concurrency: int = 8, timeout_s: float | None = None) -> bool:
+    """``timeout_s``: every step's limit, where the smoke gives none of its own (a slow machine: an emulated
+    guest runs 6-30 times slower than the host)."""
     healthy = True
+    limit = {"timeout_s": timeout_s} if timeout_s else {}
     async with SandboxClient(base_url) as c:
         print(f"sandboxd at {base_url}: real programs, one-shot (each in a fresh nsjail sandbox)")
         for name, code, extra in PROGRAMS:
-            r = await c.run_python(code, **dict(extra))
+            r = await c.run_python(code, **{**limit, **extra})
             print(_line(name, r))
             if "status" not in r or r["status"] != 200:
                 healthy = False
         print("a session (state persists between steps):")
         async with c.session() as s:
             for code in ("counter = 41", "counter += 1\nprint('counter =', counter)"):
-                r = await s.run_python(code)
+                r = await s.run_python(code, **limit)
                 print(_line(code.splitlines()[0], r))
                 healthy = healthy and r.get("ok") is True
         kinds = (await c.http.get("/runners")).json().get("runners", [])
@@ -80,7 +83,7 @@ async def run_smoke(base_url: str, load_s: float = 5.0, concurrency: int = 8) ->
             print("other runner kinds on this node:")
         for kind in others:
             name, action, key = KIND_DEMOS[kind]
-            r = await c.step(kind, action, timeout_s=30)
+            r = await c.step(kind, action, timeout_s=timeout_s or 30)
             shown = str((r.get("observation") or {}).get(key))[:60]
             err = (r.get("error") or {}).get("blame", "-")
             took = r.get("latency_ms", 0)

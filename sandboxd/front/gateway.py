@@ -38,7 +38,6 @@ from sandboxd.board import Board
 from sandboxd.cluster.forward import CALLER
 from sandboxd.cluster.service import ClusterView, raise_for
 from sandboxd.config import NodeSettings
-from sandboxd.constants import WORKER_START_TIMEOUT_S
 from sandboxd.errors import (
     BadRequest,
     InfraError,
@@ -65,7 +64,7 @@ from sandboxd.tally import INFLIGHT, Tally
 log = logging.getLogger("sandboxd.front")
 FORWARD_TIMEOUT_S = 30.0  # a forwarded request's own budget beyond any step time (session info, close)
 FORK_FORWARD_TIMEOUT_S = 300.0  # a fork of many browser copies loads a page per copy
-NODE_START_TIMEOUT_S = WORKER_START_TIMEOUT_S + 60.0
+NODE_START_MARGIN_S = 60.0  # the node process's own start, beyond its workers' (worker_start_timeout_s)
 
 
 def as_json(value: Any, what: str) -> bytes:
@@ -151,7 +150,7 @@ class Gateway:
     async def start(self) -> None:
         if not self.node_socket:  # an app on its own (embedded, TestClient): it starts its node process itself
             self._start_node()
-        await self.links.connect(NODE_START_TIMEOUT_S, alive=self._node_alive)
+        await self.links.connect(self.settings.worker_start_timeout_s + NODE_START_MARGIN_S, alive=self._node_alive)
         topology = self.links.topology
         self.draining = bool(topology.get("draining"))
         n = len(topology["workers"])

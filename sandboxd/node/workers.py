@@ -23,7 +23,7 @@ from typing import Any
 
 from sandboxd import links
 from sandboxd.config import NodeSettings
-from sandboxd.constants import WORKER_RESTART_BACKOFF_S, WORKER_START_TIMEOUT_S
+from sandboxd.constants import WORKER_RESTART_BACKOFF_S
 from sandboxd.errors import SandboxdError, SandboxSetupError
 from sandboxd.links import Channel
 from sandboxd.metrics import MULTIPROC_ENV
@@ -64,7 +64,7 @@ class WorkerProc:
             [sys.executable, "-m", "sandboxd.worker", "--index", str(self.index), "--incarnation", self.incarnation],
             env=env,
         )
-        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        deadline = time.monotonic() + self.settings.worker_start_timeout_s
         while True:  # it listens once its runners are warm
             if self.proc.returncode is not None:
                 raise SandboxSetupError(f"worker {self.index} exited while starting (status {self.proc.returncode})")
@@ -75,7 +75,8 @@ class WorkerProc:
                 if time.monotonic() > deadline:
                     await self.kill()
                     raise SandboxSetupError(
-                        f"worker {self.index} did not start in {WORKER_START_TIMEOUT_S:g}s"
+                        f"worker {self.index} did not start in {self.settings.worker_start_timeout_s:g}s "
+                        "(worker_start_timeout_s)"
                     ) from None
                 await asyncio.sleep(0.02)
         hello, _ = await self.link.call("hello", {"role": "node"})
