@@ -52,9 +52,10 @@ if [[ $TESTS == default ]]; then tests=("${DEFAULT_TESTS[@]}"); else read -r -a 
 
 CACHE=${SANDBOXD_VM_CACHE:-/var/tmp/sandboxd-vm}
 case $ARCH in amd64) QEMU=qemu-system-x86_64 QPKG=qemu-system-x86 ;; arm64) QEMU=qemu-system-aarch64 QPKG=qemu-system-arm ;; esac
-# The image's inputs: its recipe, the guest's unit, and setup.sh (its package list); the tree itself is not
-# one (it is cloned at every run), nor is this script.
-KEY=$(cat "$ROOT/scripts/vm/image.sh" "$ROOT/scripts/vm/sandboxd-vm-test.service" "$ROOT/scripts/setup.sh" \
+# The image's inputs: its recipe, the guest's unit, and the Debian packages setup.sh installs on trixie (what
+# the image bakes); the tree itself is not one (it is cloned at every run), nor is this script.
+KEY=$(cat "$ROOT/scripts/vm/image.sh" "$ROOT/scripts/vm/sandboxd-vm-test.service" \
+  <(SANDBOXD_DEBIAN=trixie bash "$ROOT/scripts/setup.sh" --test --print-packages) \
   <(echo "$ARCH $KERNEL ${SANDBOXD_VM_MIRROR:-}") | sha256sum | cut -c1-16)
 IMAGE=$CACHE/$ARCH-$KERNEL-$KEY
 if [[ -n $PLAN ]]; then
