@@ -104,10 +104,13 @@ cp "${SANDBOXD_VM_CA:-/etc/ssl/certs/ca-certificates.crt}" "$SHARE/ca.crt"
 printf '%s ' "${tests[@]}" > "$SHARE/tests"
 if [[ -e /sys/module/kvm_intel || -e /sys/module/kvm_amd ]] && [[ $ARCH == amd64 && $(uname -m) == x86_64 ]]; then
   accel=(-enable-kvm -cpu host)
+# Software emulation: one host thread per guest CPU (thread=multi) unless SANDBOXD_VM_TCG=single. A guest
+# kernel once died here of an int3 oops mid text-patching (a static key flipped by cpu.max) while two guests
+# and a test run shared the host's two cores: multi-threaded TCG on a busy host; a guest alone did not.
 elif [[ $ARCH == amd64 ]]; then
-  accel=(-accel tcg,thread=multi -cpu max)
+  accel=(-accel "tcg,thread=${SANDBOXD_VM_TCG:-multi}" -cpu max)
 else
-  accel=(-M virt -accel tcg,thread=multi -cpu neoverse-n1)  # Graviton2's core
+  accel=(-M virt -accel "tcg,thread=${SANDBOXD_VM_TCG:-multi}" -cpu neoverse-n1)  # Graviton2's core
 fi
 console=ttyS0
 [[ $ARCH == arm64 ]] && console=ttyAMA0
@@ -115,7 +118,7 @@ log "booting $ARCH kernel $KERNEL (${accel[*]}); tests: ${tests[*]}"
 t=$SECONDS
 timeout "${SANDBOXD_VM_TIMEOUT:-10800}" "$QEMU" "${accel[@]}" -m "${SANDBOXD_VM_MEMORY:-6144}" -smp "${SANDBOXD_VM_CPUS:-2}" \
   -kernel "$IMAGE/vmlinuz" -initrd "$IMAGE/initrd.img" \
-  -append "console=$console root=/dev/vda rw systemd.unified_cgroup_hierarchy=1 quiet" \
+  -append "console=$console root=/dev/vda rw systemd.unified_cgroup_hierarchy=1 panic=1 quiet" \
   -drive "file=$IMAGE/root.img,format=raw,if=virtio,snapshot=on" \
   -nic user,model=virtio-net-pci \
   -virtfs "local,path=$SHARE,mount_tag=share,security_model=none,id=share" \
@@ -123,6 +126,10 @@ timeout "${SANDBOXD_VM_TIMEOUT:-10800}" "$QEMU" "${accel[@]}" -m "${SANDBOXD_VM_
   -display none -serial "file:$SHARE/console.log" -no-reboot < /dev/null || log "qemu ended with rc=$?"
 log "the guest ran $((SECONDS - t))s"
 [[ -f $SHARE/guest.log ]] && cat "$SHARE/guest.log" || tail -60 "$SHARE/console.log"
+if grep -q "Kernel panic" "$SHARE/console.log" 2> /dev/null; then  # panic=1: the guest reboots, QEMU ends
+  echo "the guest's kernel panicked:"
+  grep -m1 -B2 -A12 "Oops\|BUG:" "$SHARE/console.log"
+fi
 result=$(cat "$SHARE/result" 2> /dev/null || echo "0 passed, 1 failed, 0 skipped (no result: see the console above)")
 release=$(grep -m1 -E '^[0-9]+\.[0-9]+' "$SHARE/guest.log" 2> /dev/null || echo "$KERNEL")
 echo "vm-test: $ARCH kernel $release cgroup2: $result"
