@@ -32,22 +32,8 @@ pkgs=(libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-cor
 # npm (the code runner's packages, E2B's JavaScript SDK) comes with nodejs from NodeSource, and Debian's would
 # conflict with it: installed below only where there is none, but part of a fresh Debian machine's list.
 [[ -n $PRINT ]] && { echo "${pkgs[*]} npm"; exit 0; }
-apt_updated=
-apt_install() {  # after one update: a fresh machine (an image whose lists were cleaned) has no package lists
-  export DEBIAN_FRONTEND=noninteractive
-  [[ -n $apt_updated ]] || { apt-get update -qq; apt_updated=1; }
-  apt-get install -y -qq --no-install-recommends "$@" >/dev/null
-}
-need_pkgs=()
-for pkg in "${pkgs[@]}"; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
-done
-if ((${#need_pkgs[@]})); then
-  log "installing Debian packages: ${need_pkgs[*]}"
-  apt_install "${need_pkgs[@]}"
-fi
-
-# 2. A Python >= 3.12, never through the pyenv shim (it refuses without PYENV_VERSION).
+# 2. A Python >= 3.12, never through the pyenv shim (it refuses without PYENV_VERSION); looked for before any
+#    package is installed: a machine without one (bookworm has 3.11) is told so at once, not after apt.
 find_python() {
   local cand
   if [[ -n "${SANDBOXD_PYTHON:-}" ]]; then echo "$SANDBOXD_PYTHON"; return; fi
@@ -67,8 +53,26 @@ find_python() {
   done
   return 1
 }
-PY=$(find_python) || { echo "[setup] no Python >= 3.12 found (set SANDBOXD_PYTHON)" >&2; exit 1; }
+PY=$(find_python) || {
+  echo "[setup] no Python >= 3.12 here (bookworm has 3.11): install one (trixie's python3, pyenv, a python:3.12 image) or set SANDBOXD_PYTHON" >&2
+  exit 1
+}
 "$PY" -c 'import sys; assert sys.version_info >= (3, 12), sys.version' || { echo "[setup] $PY is older than 3.12" >&2; exit 1; }
+
+apt_updated=
+apt_install() {  # after one update: a fresh machine (an image whose lists were cleaned) has no package lists
+  export DEBIAN_FRONTEND=noninteractive
+  [[ -n $apt_updated ]] || { apt-get update -qq; apt_updated=1; }
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+need_pkgs=()
+for pkg in "${pkgs[@]}"; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
+done
+if ((${#need_pkgs[@]})); then
+  log "installing Debian packages: ${need_pkgs[*]}"
+  apt_install "${need_pkgs[@]}"
+fi
 
 # 3. The venv and the package, at the versions constraints.txt names (re-installed when either file changes): the server's extras to serve,
 #    the dev extras (tests, linters, the peers' clients; they include the server's) to test.

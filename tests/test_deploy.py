@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -345,3 +346,25 @@ def test_vm_test_plans_each_platform_and_refuses_what_it_cannot_boot() -> None:
     for shell in (script, vm / "guest.sh", vm / "image.sh", ROOT / "scripts" / "check-wheels.sh"):
         r = subprocess.run(["bash", "-n", str(shell)], capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, (shell, r.stderr)
+
+
+def test_setup_without_home_or_a_new_enough_python_says_so_before_installing_anything(tmp_path: Path) -> None:
+    """A systemd unit or a bare container has no HOME, and bookworm has Python 3.11: setup.sh says what is
+    missing at once (it used to fail on HOME under set -u, and would have installed ~500 Debian packages
+    before finding no Python). Its PATH here has the few tools it needs and no Python at all."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("dirname", "ls", "sort", "bash"):
+        found = shutil.which(tool)
+        assert found is not None
+        (bin_dir / tool).symlink_to(found)
+    t0 = time.monotonic()
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "setup.sh")],
+        env={"PATH": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1 and "no Python >= 3.12 here" in r.stderr, (r.stdout, r.stderr)
+    assert "installing" not in r.stdout and time.monotonic() - t0 < 10, r.stdout
