@@ -22,7 +22,7 @@ def run_doctor() -> bool:
 
     report(os.geteuid() == 0, f"running as root (uid {os.geteuid()}): nsjail needs it to build namespaces and cgroups")
     try:
-        from sandboxd.runners.jail.jail import nsjail_binary
+        from sandboxd.runners.jail.nsjail import nsjail_binary
 
         nsjail = nsjail_binary(cfg)
         proc = subprocess.run([nsjail, "--help"], capture_output=True, text=True, timeout=10)

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from sandboxd.runners.jail.jail import FORK_ROOT
 from sandboxd.runners.jail.jailside import landlock
+from sandboxd.runners.jail.nsjail import FORK_ROOT
 from sandboxd.runners.python import fork
 from tests.conftest import running_node
 

@@ -27,8 +27,8 @@ from sandboxd.node.ledger import Entry, Ledger
 from sandboxd.registry import BUILTIN, kinds
 from sandboxd.runners.base import RunnerKind, import_string
 from sandboxd.runners.cgroups import CgroupGroup
-from sandboxd.runners.jail.jail import build_config, kafel_policy
 from sandboxd.runners.jail.jailside import seccomp, wire
+from sandboxd.runners.jail.nsjail import build_config, kafel_policy
 from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.models import PythonAction
 from sandboxd.stores.idempotency import Idempotency, MemoryKV, Stored

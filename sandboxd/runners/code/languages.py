@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandboxd.runners.jail.jail import env_path
+from sandboxd.runners.jail.nsjail import env_path
 from sandboxd.runners.python.environments import Environment
 
 # Flags a C or C++ compile may be given: language standard, optimisation, macros, warnings, the

@@ -25,8 +25,8 @@ from sandboxd.runners.code.config import CodeRunnerConfig
 from sandboxd.runners.code.languages import Toolchain, installed
 from sandboxd.runners.code.models import CaseResult, CodeAction, CodeObservation, CompileObservation, TestCase
 from sandboxd.runners.jail.executions import Executions
-from sandboxd.runners.jail.jail import python_executable
 from sandboxd.runners.jail.models import ExecutionObservation
+from sandboxd.runners.jail.nsjail import python_executable
 from sandboxd.runners.jail.pool import Slot, SlotPool
 from sandboxd.runners.python.environments import served
 

@@ -1,8 +1,8 @@
 """The jail core every jailed kind composes (``python``, ``code``; the next ones too).
 
-- ``jail.py``: one nsjail jail holding a warm zygote, the executors it forks, and one execution's exchange
-  (request, output with caps, deadline, exit status), with the jail's namespaces, mounts, rlimits and the
-  jail-wide seccomp filter.
+- ``jail.py``: one nsjail jail holding a warm zygote, and the executors it forks; ``nsjail.py`` its
+  configuration (mounts, namespaces, rlimits, the jail-wide seccomp filter, the interpreter); ``exchange.py``
+  one execution's exchange (request, output with caps, deadline, exit status from the zygote).
 - ``executions.py``: running one execution in an executor and reading what happened: limit hits through its
   cgroup's counters, a kill from above (the node's, never the program's), CPU starvation, the observation and
   the program's own verdict.

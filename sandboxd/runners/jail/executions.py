@@ -19,7 +19,8 @@ from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError
 from sandboxd.runners.base import ProgramFailure, StepLimits, StepOutcome
 from sandboxd.runners.cgroups import CgroupGroup, Counters
 from sandboxd.runners.jail.config import JailConfig
-from sandboxd.runners.jail.jail import Executor, Jail, Output, run_step
+from sandboxd.runners.jail.exchange import Executor, Output, run_step
+from sandboxd.runners.jail.jail import Jail
 from sandboxd.runners.jail.jailside import wire
 from sandboxd.runners.jail.models import ExecutionObservation
 from sandboxd.runners.starvation import Starvation, usable_cores

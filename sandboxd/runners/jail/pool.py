@@ -22,8 +22,9 @@ from sandboxd.errors import SandboxSetupError
 from sandboxd.runners.base import StepLimits, StepOutcome
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot
 from sandboxd.runners.jail.config import SLOT_HEADROOM_BYTES, SLOT_OVERHEAD_PIDS, JailConfig
+from sandboxd.runners.jail.exchange import Executor
 from sandboxd.runners.jail.executions import Executions
-from sandboxd.runners.jail.jail import Executor, Jail
+from sandboxd.runners.jail.jail import Jail
 from sandboxd.runners.jail.jailside import wire
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,7 @@ from typing import Any
 
 from sandboxd.errors import BadRequest, SandboxSetupError
 from sandboxd.runners.cgroups import CgroupGroup, in_group
-from sandboxd.runners.jail.jail import (
-    FORK_ROOT,
+from sandboxd.runners.jail.exchange import (
     SANDBOX_READY_TIMEOUT_S,
     SESSION_REPLY_MAX_HEADER_BYTES,
     Executor,
@@ -31,6 +30,7 @@ from sandboxd.runners.jail.jail import (
     recv_frame,
 )
 from sandboxd.runners.jail.jailside import landlock, wire
+from sandboxd.runners.jail.nsjail import FORK_ROOT
 from sandboxd.runners.trees import remove_tree
 
 BIRTH_BYTES = 2 << 20  # charged to the source's group per member born there (page tables of ~200 MB, a stack)

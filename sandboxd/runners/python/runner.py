@@ -33,10 +33,12 @@ from sandboxd.runners.base import (
 )
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot, Counters
 from sandboxd.runners.jail.config import SLOT_OVERHEAD_PIDS
+from sandboxd.runners.jail.exchange import Executor
 from sandboxd.runners.jail.executions import Executions
-from sandboxd.runners.jail.jail import Executor, Jail, jail_environments, startup_modules
+from sandboxd.runners.jail.jail import Jail
 from sandboxd.runners.jail.jailside import wire
 from sandboxd.runners.jail.models import MAX_FILES
+from sandboxd.runners.jail.nsjail import jail_environments, startup_modules
 from sandboxd.runners.jail.pool import SlotPool
 from sandboxd.runners.python import fork
 from sandboxd.runners.python.config import SESSION_ZYGOTE_BYTES, PythonRunnerConfig

@@ -44,7 +44,7 @@ else:
     import seccomp
     import wire
 
-FORK_ROOT = "/forks"  # sandboxd.runners.jail.jail.FORK_ROOT: an empty mount point in session jails
+FORK_ROOT = "/forks"  # sandboxd.runners.jail.nsjail.FORK_ROOT: an empty mount point in session jails
 COPY_MAX_ENTRIES = 10_000  # entries of /tmp a fork copies into each copy; more is a refusal
 COPY_MAX_PATH_BYTES = 3072  # paths under /tmp it copies (under /forks/<24 hex> they stay below PATH_MAX)
 WORKDIR = "/tmp"

@@ -1,0 +1,390 @@
+"""One execution's exchange with its executor, on the worker's side: the executor's handle (its sockets, its
+pidfd), the request written, its output read with caps, its deadline kept and its exit status taken from the
+zygote's report, never from the program.
+
+The zygote hands the worker, per executor, its request socket and its stdout/stderr pipes; the worker greets
+the executor (to learn its pid through SO_PASSCRED, and open a pidfd on it: kills are race-free), writes the
+request, reads the output with caps, kills at the deadline. A session's steps are frames on the same socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandboxd.runners.jail.jailside import wire
+from sandboxd.runners.starvation import Starvation
+
+log = logging.getLogger(__name__)
+
+SANDBOX_READY_TIMEOUT_S = 10.0
+
+
+def wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+@dataclass
+class Executor:
+    """A namespaced, locked-down process waiting for its request (or its session's steps)."""
+
+    ex_id: int
+    sock: socket.socket
+    out_r: int
+    err_r: int
+    pidfd: int
+    host_pid: int
+    exit: asyncio.Future[dict[str, Any]]
+    flavor: int | None = None  # the environment whose template it was forked from (its preloads); None: lean
+    users: int = 0  # steps, forks and readers working on its descriptors now (``in_use``)
+    closing: bool = False  # closed while in use: its descriptors go when the last user lets go
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(self.pidfd, sig)
+
+    def alive(self) -> bool:
+        """Still running: judged by its pidfd (readable once the process exited), never by a pid number."""
+        if self.pidfd < 0 or self.exit.done():
+            return False
+        poller = select.poll()
+        poller.register(self.pidfd, select.POLLIN)
+        return not poller.poll(0)
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """While a step, a fork or a reader works on its descriptors (the loop watches them): ``close`` then
+        only kills, and they are released when the last user lets go. A descriptor closed under the loop's
+        watch leaves it polling whatever gets that number next."""
+        self.users += 1
+        try:
+            yield
+        finally:
+            self.users -= 1
+            if self.closing and self.users == 0:
+                self._release()
+
+    def close(self) -> None:
+        """Kill (a no-op once it has exited) and release every descriptor (see ``in_use``)."""
+        self.kill()
+        if self.users:
+            self.closing = True
+            return
+        self._release()
+
+    def _release(self) -> None:
+        for fd in (self.out_r, self.err_r, self.pidfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.out_r = self.err_r = self.pidfd = -1
+        self.sock.close()
+
+
+@dataclass
+class Output:
+    """What one step wrote to stdout and stderr, capped, with the totals."""
+
+    cap: int
+    kill_at: int
+    out: bytearray = field(default_factory=bytearray)
+    err: bytearray = field(default_factory=bytearray)
+    out_total: int = 0
+    err_total: int = 0
+
+    def add(self, which: int, chunk: bytes) -> bool:
+        """Keep what fits; return True when the stream went past ``kill_at``."""
+        buf = self.out if which == 1 else self.err
+        room = self.cap - len(buf)
+        if room > 0:
+            buf += chunk[:room]
+        if which == 1:
+            self.out_total += len(chunk)
+            return self.out_total > self.kill_at
+        self.err_total += len(chunk)
+        return self.err_total > self.kill_at
+
+
+# What a session's process may send back after a step: {"op": "done", "exit_code": N}, nothing more.
+# User code runs in that process and can write to the channel: anything larger is a broken sandbox.
+SESSION_REPLY_MAX_HEADER_BYTES = 4096
+
+
+class ChannelGarbage(wire.WireError):
+    """A frame that is too large or unreadable (not a channel that closed because its process died)."""
+
+
+async def recv_frame(
+    sock: socket.socket, max_header: int = wire.MAX_HEADER_BYTES, max_body: int = wire.MAX_BODY_BYTES
+) -> tuple[dict[str, Any], bytes]:
+    loop = asyncio.get_running_loop()
+    buf = bytearray()
+    while len(buf) < wire.PREFIX.size:
+        chunk = await loop.sock_recv(sock, 65536)
+        if not chunk:
+            raise wire.WireError("sandbox closed its channel")
+        buf += chunk
+    try:
+        head_len, body_len = wire.decode_prefix(bytes(buf[: wire.PREFIX.size]))
+    except wire.WireError as exc:
+        raise ChannelGarbage(str(exc)) from exc
+    if head_len > max_header or body_len > max_body:
+        raise ChannelGarbage(f"frame of {head_len}+{body_len} bytes where at most {max_header}+{max_body} fit")
+    total = wire.PREFIX.size + head_len + body_len
+    while len(buf) < total:
+        chunk = await loop.sock_recv(sock, max(65536, total - len(buf)))
+        if not chunk:
+            raise wire.WireError("sandbox closed its channel")
+        buf += chunk
+    if len(buf) > total:  # the harness writes one frame per request: more is the program writing on the channel
+        raise ChannelGarbage(f"{len(buf) - total} bytes after the frame")
+    try:
+        header = json.loads(bytes(buf[wire.PREFIX.size : wire.PREFIX.size + head_len]))
+    except ValueError as exc:
+        raise ChannelGarbage(f"unreadable frame header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ChannelGarbage("frame header is not an object")
+    return header, bytes(buf[wire.PREFIX.size + head_len : total])
+
+
+async def recvmsg(sock: socket.socket, bufsize: int, ancsize: int) -> tuple[bytes, list[tuple[int, int, bytes]]]:
+    """``recvmsg`` for a non-blocking socket (asyncio has no ancillary-data API). Descriptors arrive
+    close-on-exec: a process the worker starts later (a jail, an SQL engine) must never hold a sandbox's
+    pipe, or closing it here would leave the worker's loop polling a file that is still open elsewhere."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            data, anc, _flags, _addr = sock.recvmsg(bufsize, ancsize, socket.MSG_CMSG_CLOEXEC)
+            return data, anc
+        except BlockingIOError:
+            fut: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(sock.fileno(), wake, fut)
+            try:
+                await fut
+            finally:
+                loop.remove_reader(sock.fileno())
+
+
+async def introduction(sock: socket.socket, max_bytes: int) -> tuple[dict[str, Any], int]:
+    """Greet a process on its channel (SO_PASSCRED set) and read its first frame: (frame, its host pid, 0
+    when the kernel attached none). An executor and a fork's member introduce themselves this way."""
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(BrokenPipeError):  # it failed early; its error frame waits below
+        await loop.sock_sendall(sock, wire.encode({"op": "hello"}))
+    data, anc = await recvmsg(sock, max_bytes, socket.CMSG_SPACE(12))
+    host_pid = 0
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            host_pid = int.from_bytes(payload[:4], "little", signed=True)
+    if len(data) < wire.PREFIX.size:
+        raise wire.WireError(f"sent {len(data)} bytes instead of its first frame")
+    head_len, _ = wire.decode_prefix(data[: wire.PREFIX.size])
+    first: dict[str, Any] = json.loads(data[wire.PREFIX.size : wire.PREFIX.size + head_len])
+    return first, host_pid
+
+
+CHANNEL_CLOSED_GRACE_S = 1.0  # a session channel at EOF: how long its executor's exit report may lag
+STAGE_FAILED = 125  # a one-shot executor's status when the step's files could not be written (it said why)
+HARNESS_FRAME_TIMEOUT_S = 2.0  # the executor has exited: its last frame is already in the socket
+
+
+def _exit_code(ex: Executor) -> int | None:
+    if ex.exit.done() and ex.exit.exception() is None:
+        code = ex.exit.result().get("exit_code")
+        return code if isinstance(code, int) else None
+    return None
+
+
+async def _harness_frame(
+    sock: socket.socket, max_body: int, reading: asyncio.Future[tuple[dict[str, Any], bytes]] | None = None
+) -> tuple[dict[str, Any], bytes] | None:
+    """The one-shot harness's last word (files it fetched, or why it could not stage the step), if it sent
+    one. Only the harness ever holds a one-shot's channel: the program runs after it is closed, or in a
+    child that closed it first. ``reading``: the read, started when the request went out (a frame larger
+    than the socket's buffer is only sent whole while someone reads it, and the harness exits after)."""
+    try:
+        async with asyncio.timeout(HARNESS_FRAME_TIMEOUT_S):
+            return await (reading if reading is not None else recv_frame(sock, wire.MAX_HEADER_BYTES, max_body))
+    except (TimeoutError, wire.WireError, OSError):
+        return None
+
+
+async def run_step(
+    ex: Executor,
+    header: dict[str, Any],
+    body: bytes,
+    timeout_s: float,
+    cap: int,
+    kill_at: int,
+    session: bool,
+    grace_s: float,
+    account: Callable[[], Starvation] | None = None,
+) -> tuple[dict[str, Any], Output]:
+    """Feed one request to ``ex``; collect output; enforce the wall clock and the output cap.
+
+    ``account``: the step's account of its own time, opened when its request goes out; given, time the
+    program was kept off the CPU by others is given back at the deadline (``starvation.py``)."""
+    with ex.in_use():
+        return await _run_step(ex, header, body, timeout_s, cap, kill_at, session, grace_s, account)
+
+
+async def _run_step(
+    ex: Executor,
+    header: dict[str, Any],
+    body: bytes,
+    timeout_s: float,
+    cap: int,
+    kill_at: int,
+    session: bool,
+    grace_s: float,
+    account: Callable[[], Starvation] | None,
+) -> tuple[dict[str, Any], Output]:
+    loop = asyncio.get_running_loop()
+    out = Output(cap, kill_at)
+    done: asyncio.Future[None] = loop.create_future()
+    open_fds = {ex.out_r: 1, ex.err_r: 2}
+    killed_by: str | None = None
+    timed_out = False
+    harness: tuple[dict[str, Any], bytes] | None = None
+
+    def readable(fd: int) -> None:
+        nonlocal killed_by
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            loop.remove_reader(fd)
+            open_fds.pop(fd, None)
+            if not open_fds and not session and not done.done():
+                done.set_result(None)
+            return
+        if out.add(open_fds[fd], chunk) and killed_by is None:
+            killed_by = "output"
+            ex.kill()
+
+    for fd in open_fds:
+        loop.add_reader(fd, readable, fd)
+    step_exit: dict[str, Any] | None = None
+    reading: asyncio.Future[tuple[dict[str, Any], bytes]] | None = None
+    try:
+        await loop.sock_sendall(ex.sock, wire.encode(header, body))
+        if not session and "fetch" in header:
+            reading = asyncio.ensure_future(
+                recv_frame(ex.sock, wire.MAX_HEADER_BYTES, header.get("fetch_max_bytes", 0))
+            )
+        starvation = account() if account is not None else None
+        # One-shot: the program is done when its executor (init of its pid namespace) exits, not when
+        # its pipes close: a program that closes stdout and stderr and sleeps is still running.
+        waiter: asyncio.Future[Any] = (
+            asyncio.ensure_future(recv_frame(ex.sock, SESSION_REPLY_MAX_HEADER_BYTES, 0)) if session else ex.exit
+        )
+        deadline = loop.time() + timeout_s
+        interrupted = False
+        while True:
+            wait_on = {waiter, ex.exit}
+            finished, _ = await asyncio.wait(
+                wait_on, timeout=max(0.0, deadline - loop.time()), return_when=asyncio.FIRST_COMPLETED
+            )
+            if waiter in finished and (not session or waiter.exception() is None):
+                if session:
+                    step_exit = waiter.result()[0]
+                    code = step_exit.get("exit_code")
+                    ours = step_exit.get("tag") == header.get("tag")
+                    if ours and step_exit.get("op") == "stage_error":
+                        break  # the cell never ran: its files could not be written
+                    if not ours or step_exit.get("op") != "done" or not isinstance(code, int) or isinstance(code, bool):
+                        # A frame the program wrote itself: not the reply to this request (an earlier cell's
+                        # forgery leaves the real reply behind it, answering the wrong cell). The session ends.
+                        step_exit = None
+                        killed_by = killed_by or "protocol"
+                        ex.kill()
+                break
+            if ex.exit in finished or (session and waiter in finished):
+                if session and not ex.exit.done():
+                    if not isinstance(waiter.exception(), ChannelGarbage):
+                        # The channel closed: its executor dying (its exit report follows at once), or the
+                        # program closing the descriptor itself (it runs in that process; nothing else holds it).
+                        await asyncio.wait({ex.exit}, timeout=CHANNEL_CLOSED_GRACE_S)
+                    if not ex.exit.done():
+                        killed_by = killed_by or "protocol"  # garbage on, or a close of, its own channel
+                        ex.kill()
+                break  # the executor died (killed at a limit, or its kernel crashed)
+            if starvation is not None and not interrupted:
+                more = starvation.more_s()
+                if more > 0:
+                    deadline = loop.time() + more
+                    continue
+            timed_out = True
+            if session and not interrupted:
+                ex.kill(signal.SIGINT)  # like a notebook: interrupt first, state survives
+                interrupted = True
+                deadline = loop.time() + grace_s
+                continue
+            killed_by = killed_by or "time"
+            ex.kill()
+            await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)
+            break
+        if session and step_exit is None and not ex.exit.done():
+            await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)
+        if not session:
+            await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)  # the zygote's report
+            # Everything in its pid namespace died with it, so the pipes close at once.
+            await asyncio.wait({done}, timeout=SANDBOX_READY_TIMEOUT_S)
+            if killed_by is None and not timed_out and ("fetch" in header or _exit_code(ex) == STAGE_FAILED):
+                harness = await _harness_frame(ex.sock, header.get("fetch_max_bytes", 0), reading)
+        if session and not waiter.done():
+            waiter.cancel()
+        elif session and not waiter.cancelled():
+            waiter.exception()  # retrieved: a channel that closed with its executor is not worth a log line
+    finally:
+        if reading is not None:
+            if not reading.done():
+                reading.cancel()
+            elif not reading.cancelled():
+                reading.exception()  # retrieved: a channel that closed with its executor says nothing more
+        for fd in list(open_fds):
+            loop.remove_reader(fd)
+            # drain what was written before the step ended
+            while True:
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                out.add(open_fds[fd], chunk)
+    result: dict[str, Any] = {"timed_out": timed_out, "killed_by": killed_by}
+    if timed_out and starvation is not None and starvation.starved:
+        result.update(starved=True, kept_s=starvation.kept_s, wall_s=starvation.wall_cap_s)
+    if step_exit is not None and step_exit.get("op") == "stage_error":
+        result.update(stage_error=str(step_exit.get("error")), exit_code=None, signal=None, alive=True)
+    elif step_exit is not None:
+        result.update(exit_code=int(step_exit["exit_code"]), signal=None, alive=True)
+    elif ex.exit.done() and ex.exit.exception() is None:
+        result.update(ex.exit.result(), alive=False)
+    else:
+        result.update(exit_code=None, signal=None, alive=False, lost=True)
+    if harness is not None:
+        head, files = harness
+        if head.get("op") == "stage_error":
+            result["stage_error"] = str(head.get("error"))
+        elif head.get("op") == "fetched":
+            # The program's own status, as the process that ran nothing of it saw it end, and its files.
+            result.update(exit_code=head.get("exit_code"), signal=head.get("signal"), fetched=(head, files))
+    elif "fetch" in header:
+        result["fetched"] = None  # the sandbox ended before the files could be read
+    if "fetch" in header:
+        result["fetch_paths"] = header["fetch"]
+    return result, out
