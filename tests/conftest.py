@@ -9,6 +9,7 @@ starts). Production, without that path, has no ``fake`` kind.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -136,7 +137,23 @@ def running_node_in(cgroup: tuple[str, ...], **settings: object) -> contextlib.A
         else str(value)
         for key, value in settings.items()
     }
+    if not cgroup and detect_version() == 2:
+        return _node_in_own_group(env)
     return local_node(env, timeout_s=120, cgroup=cgroup)
+
+
+_NODE_GROUPS = itertools.count()
+
+
+@contextlib.contextmanager
+def _node_in_own_group(env: dict[str, str]) -> Iterator[str]:
+    """cgroup v2: a test node in a group of its own, as a node runs in its pod or unit. Started in the tests'
+    group, each node would move every process there (pytest too) one leaf deeper (``_move_into_leaf``), a
+    level per node started: ``<unit>/node/node/...``."""
+    with scratch_group(f"node-{os.getpid()}-{next(_NODE_GROUPS)}") as group:
+        procs = tuple(str(d / "cgroup.procs") for d in dict.fromkeys(group.dirs.values()))
+        with local_node(env, timeout_s=120, cgroup=procs) as base:
+            yield base
 
 
 async def step_ok(
