@@ -787,3 +787,81 @@ def test_the_code_that_runs_inside_sandboxes_is_modules_sandboxd_never_imports()
     for name, text in (("driver", DRIVER), ("envd", ENVD_DRIVER)):
         code = compile(text, f"<{name}>", "exec")
         assert {"run", "restart"} <= set(code.co_names) if name == "driver" else "call" in code.co_names
+
+
+class _Wire(asyncio.Transport):
+    """An in-memory transport: what the front door writes, and whether it closed the connection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.out += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8080)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("head", "status", "shape"),
+    [
+        (b"POST /run_code HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n", 401, "detail"),
+        (b"POST /rollout/step HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n", 401, "error"),
+        (b"POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n", 401, "code"),
+        (b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n", 401, "jsonrpc"),
+        (
+            b"GET /runners HTTP/1.1\r\nHost: a\r\nHost: b\r\nAuthorization: Bearer " + b"k" * 32 + b"\r\n\r\n",
+            400,
+            "error",
+        ),
+    ],
+)
+def test_the_front_door_refuses_before_any_route_in_the_surfaces_shape(head: bytes, status: int, shape: str) -> None:
+    """The front door in-process over an in-memory transport (no node, no socket): a request with no key, or two
+    Host headers, is refused from its head alone, in the shape of the surface its path belongs to, and the
+    connection closes without its body being read."""
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from sandboxd.api import e2b, fusion, mcp_server, native, openenv, ops
+    from sandboxd.app import DOCS
+    from sandboxd.front.auth import Auth
+    from sandboxd.front.protocol import Front, protocol_class
+    from sandboxd.front.surfaces import Surfaces
+
+    settings = load_settings(api_keys=["k" * 32])
+    surfaces = Surfaces(
+        [native.SURFACE, fusion.SURFACE, openenv.SURFACE, e2b.SURFACE, mcp_server.SURFACE, ops.surface(False), DOCS]
+    )
+    cls = protocol_class(settings)
+    cls.front = Front(None, Auth(settings), settings, surfaces)  # type: ignore[arg-type]  # no gateway: refused first
+
+    async def refuse() -> _Wire:
+        config = uvicorn.Config(lambda *_: None, http="httptools", log_config=None)
+        config.load()
+        wire_ = _Wire()
+        proto = cls(config, ServerState(), app_state={})
+        proto.connection_made(wire_)
+        proto.data_received(head)
+        proto._disarm()
+        return wire_
+
+    wire_ = asyncio.run(refuse())
+    answer = bytes(wire_.out)
+    assert answer.startswith(f"HTTP/1.1 {status} ".encode()) and wire_.closed, answer[:200]
+    body = orjson.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert shape in body, body
