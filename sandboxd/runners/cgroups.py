@@ -431,10 +431,6 @@ class CgroupRoot:
     def slot(self, name: str) -> CgroupGroup:
         return self.group.child(name)
 
-    def own(self) -> CgroupGroup:
-        """The group this process itself is in (where a fork server goes back to after a visit)."""
-        return CgroupGroup({k: v.parent for k, v in self.group.dirs.items()}, self.version)
-
 
 def sweep_dead_nodes(node_id: str, mount: Path = Path("/sys/fs/cgroup")) -> list[str]:
     """Remove the groups an earlier node of this id left when it died without stopping (SIGKILL, the OOM

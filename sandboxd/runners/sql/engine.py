@@ -338,7 +338,7 @@ def fork_server(ctl: socket.socket, cfg: dict[str, Any]) -> None:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             continue
         if pid != 0:
-            _join(cfg["home_procs"])  # back home (root, in its own group: this cannot fail but by a bug)
+            _join(cfg["home_procs"])  # back home (root, in a leaf of its own: this cannot fail but by a bug)
         if pid == 0:
             code = 0
             try:

@@ -77,6 +77,10 @@ class SQLRunner:
         except Exception as exc:  # duckdb.Error, OSError: the node cannot serve SQL at all
             raise SandboxSetupError(f"cannot open the TPC-H data: {exc}") from exc
         self.root = CgroupRoot(self.name + "-sql", Path(self.cfg.cgroup_mount))
+        # Where the fork server lives between its visits to an engine's group: a leaf of its own. Not the
+        # worker's group (the cgroup v2 guest): once controllers are handed down from a group, cgroup v2 lets
+        # no process join it (EBUSY), and the fork server died going back there after its first engine.
+        home = self.root.slot("server")
         self.host = EngineHost(
             {
                 "db": str(path),
@@ -88,7 +92,7 @@ class SQLRunner:
                 "grace_s": self.cfg.interrupt_grace_s,
                 "recycle_bytes": int((self.cfg.memory_mb << 20) * RECYCLE_AT_MEMORY_FRACTION),
                 "uid": JAIL_UID,
-                "home_procs": [str(p) for p in self.root.own().procs_files],
+                "home_procs": [str(p) for p in home.procs_files],
             },
             self.temp_root,
             frame_limit=2 * max(self.cfg.max_result_bytes, self.cfg.fork_max_state_bytes) + (1 << 20),
