@@ -865,3 +865,34 @@ def test_the_front_door_refuses_before_any_route_in_the_surfaces_shape(head: byt
     assert answer.startswith(f"HTTP/1.1 {status} ".encode()) and wire_.closed, answer[:200]
     body = orjson.loads(answer.split(b"\r\n\r\n", 1)[1])
     assert shape in body, body
+
+
+def test_cgroup_v2_a_fork_refused_by_the_pods_limit_is_the_nodes_not_the_programs(tmp_path: Path) -> None:
+    """Found in the cgroup v2 guest (kernel 6.12): a fork refused by the pod's pids limit is counted in the pod's
+    pids.events, not in the sandbox's, so an honest program that could not start its threads was scored as
+    its own failure (program_exit). The ancestors' counts say it now: node_pressure. The files are the v2
+    layout's, simulated (this machine mounts cgroup v1)."""
+    from sandboxd.runners.jail.config import JailConfig
+    from sandboxd.runners.jail.exchange import Output
+    from sandboxd.runners.jail.executions import Executions
+
+    pod = tmp_path / "pod"
+    slot = pod / "node-1-w0" / "slot0"
+    slot.mkdir(parents=True)
+    for d in (pod, pod / "node-1-w0", slot):
+        (d / "pids.events").write_text("max 0\n")
+    (slot / "memory.events").write_text("max 0\noom_kill 0\n")
+    (slot / "pids.events.local").write_text("max 0\n")
+    group = CgroupGroup({"unified": slot}, 2)
+    execs = Executions("python", JailConfig())
+    failed = {"exit_code": 1, "signal": None, "cpu_s": 0.01}
+    before = group.counters(start=True)
+    group.close_files()  # the counters are re-read from the files as they are now
+    (pod / "pids.events").write_text("max 3\n")  # the pod's limit refused forks meanwhile
+    after = group.counters()
+    assert after.pids_refused_above == before.pids_refused_above + 3 and after.pids_max_hits == 0
+    with pytest.raises(errors.NodePressure, match="process limit"):
+        execs.observe(dict(failed), Output(1024, 4096), before, after, group)
+    # the same failure with nothing refused above: the program's own
+    outcome = execs.observe(dict(failed), Output(1024, 4096), after, after, group)
+    assert outcome.failure is not None and outcome.failure.code == "program_exit"

@@ -48,6 +48,9 @@ class Counters:
     oom_kills: int
     pids_max_hits: int
     memory_limit_hits: int = 0  # charges this group's own memory limit stopped (reclaimed or not)
+    # v2: forks refused by an ancestor's limit (the node's group, its pod's), summed over the ancestors'
+    # ``pids.events``. From kernel 6.12 a refusal is counted where the limit is, not in the forking group.
+    pids_refused_above: int = 0
 
 
 def _parse_kv(text: bytes) -> dict[str, int]:
@@ -105,6 +108,7 @@ class CgroupGroup:
         self._pids_local_seen = 0  # v2: pids.events.local max at the last counters(start=True)
         self._closed = False  # close_files ran: the group is going
         self._delegating = False  # v2: its controllers are handed to its children (``child``)
+        self._above: list[Path] | None = None  # v2: its ancestors with pids.events (``_ancestors``)
 
     @property
     def procs_files(self) -> list[Path]:
@@ -221,7 +225,16 @@ class CgroupGroup:
             if start:
                 local = _parse_kv(self._pread(f"{self.dirs['unified']}/pids.events.local"))
                 self._pids_local_seen = local.get("max", 0)
+            above = sum(_parse_kv(self._pread(f"{p}/pids.events")).get("max", 0) for p in self._ancestors())
+            return Counters(oom, pids, hits, above)
         return Counters(oom, pids, hits)
+
+    def _ancestors(self) -> list[Path]:
+        """v2: the groups above this one that count pids events (the root has no pids.events), found once."""
+        if self._above is None:
+            d = self.dirs["unified"]
+            self._above = [p for p in d.parents if (p / "pids.events").exists()]
+        return self._above
 
     def throttled_periods(self) -> int:
         """CFS periods in which the group ran out of its own CPU quota (0 without a cpu controller)."""

@@ -67,6 +67,13 @@ def fetched_files(
     return files, missing
 
 
+def _at_node_pids_limit() -> NodePressure:
+    return NodePressure(
+        "the program could not start a process or thread under its own pids limit: the node (or its pod) is at "
+        "its process limit"
+    )
+
+
 class Executions:
     """A kind's executions: their request headers, their exchange, their observations and verdicts, and the
     counters every jailed kind reports (``stats``). One per runner instance; its slots (``pool.py``) and
@@ -221,10 +228,13 @@ class Executions:
                 self.stats["limit_pids"] += 1
             elif r.get("exit_code") != 0:
                 self.stats["node_pressure"] += 1
-                raise NodePressure(
-                    "the program could not start a process or thread under its own pids limit: the node (or "
-                    "its pod) is at its process limit"
-                )
+                raise _at_node_pids_limit()
+        elif after.pids_refused_above > before.pids_refused_above and r.get("exit_code") != 0 and not killed_by:
+            # cgroup v2 from 6.12 counts a refused fork where the limit is: the pod's or the node's group, not
+            # this sandbox's. The program failed while forks were refused above it (the guest: an honest
+            # program that could not start its threads was blamed, program_exit).
+            self.stats["node_pressure"] += 1
+            raise _at_node_pids_limit()
         if killed_by is None and r.get("signal") == 9 and not limits_hit and not session:
             # Neither its limits nor the worker killed it: something outside the sandbox did (said in the log,
             # since the verdict below is the program's exit by that signal).
