@@ -35,6 +35,21 @@ DOC_PATHS = frozenset({b"/docs", b"/openapi.json", b"/docs/oauth2-redirect", b"/
 DOCS = Surface("docs", native_error, exact=DOC_PATHS, public_exact=DOC_PATHS)
 
 
+def served_surfaces(settings: NodeSettings) -> Surfaces:
+    """Every surface's declaration, as its routes and the front door's refusals read it (front/surfaces.py)."""
+    return Surfaces(
+        [
+            native.SURFACE,
+            fusion.SURFACE,
+            openenv.SURFACE,
+            e2b.SURFACE,
+            mcp_server.SURFACE,
+            ops.surface(settings.auth_ops),
+            DOCS,
+        ]
+    )
+
+
 def create_app(settings: NodeSettings | None = None, index: int = 0) -> FastAPI:
     """A front process's app: the API surfaces over one ``Gateway``.
 
@@ -64,19 +79,7 @@ def create_app(settings: NodeSettings | None = None, index: int = 0) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.gateway = gateway
-    # Every surface's declaration, as its routes and the front door's refusals read it (front/surfaces.py).
-    surfaces = Surfaces(
-        [
-            native.SURFACE,
-            fusion.SURFACE,
-            openenv.SURFACE,
-            e2b.SURFACE,
-            mcp_server.SURFACE,
-            ops.surface(settings.auth_ops),
-            DOCS,
-        ]
-    )
-    app.state.front = Front(gateway, auth, settings, surfaces)
+    app.state.front = Front(gateway, auth, settings, served_surfaces(settings))
     app.include_router(native.router(gateway, auth))
     app.include_router(fusion.router(gateway, auth))
     app.include_router(openenv.router(gateway, auth))

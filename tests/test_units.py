@@ -837,18 +837,13 @@ def test_the_front_door_refuses_before_any_route_in_the_surfaces_shape(head: byt
     import uvicorn
     from uvicorn.server import ServerState
 
-    from sandboxd.api import e2b, fusion, mcp_server, native, openenv, ops
-    from sandboxd.app import DOCS
+    from sandboxd.app import served_surfaces
     from sandboxd.front.auth import Auth
     from sandboxd.front.protocol import Front, protocol_class
-    from sandboxd.front.surfaces import Surfaces
 
     settings = load_settings(api_keys=["k" * 32])
-    surfaces = Surfaces(
-        [native.SURFACE, fusion.SURFACE, openenv.SURFACE, e2b.SURFACE, mcp_server.SURFACE, ops.surface(False), DOCS]
-    )
     cls = protocol_class(settings)
-    cls.front = Front(None, Auth(settings), settings, surfaces)  # type: ignore[arg-type]  # no gateway: refused first
+    cls.front = Front(None, Auth(settings), settings, served_surfaces(settings))  # type: ignore[arg-type]  # no gateway: refused first
 
     async def refuse() -> _Wire:
         config = uvicorn.Config(lambda *_: None, http="httptools", log_config=None)
