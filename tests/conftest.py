@@ -116,6 +116,16 @@ def group_usage(group: CgroupGroup) -> tuple[int, int]:
     return int(mem.read_text()), int(pids.read_text())
 
 
+# An emulated guest (scripts/vm/guest.sh) runs a step several times slower than this host, so its test nodes
+# take longer limits (worker and jail starts, compiles, browser actions): SANDBOXD_TEST_NODE_SETTINGS, space-
+# separated SANDBOXD_X=value pairs every test node gets unless its test sets them, and SANDBOXD_TEST_NODE_START_S,
+# how long a test waits for a node to be ready. Read at import: every test's own environment is cleaned.
+SLOW_NODE_SETTINGS = dict(
+    pair.split("=", 1) for pair in os.environ.get("SANDBOXD_TEST_NODE_SETTINGS", "").split() if "=" in pair
+)
+NODE_START_S = float(os.environ.get("SANDBOXD_TEST_NODE_START_S", "120"))
+
+
 def running_node(**settings: object) -> contextlib.AbstractContextManager[str]:
     """A real node as a subprocess; keyword arguments become SANDBOXD_* settings."""
     return running_node_in((), **settings)
@@ -137,9 +147,10 @@ def running_node_in(cgroup: tuple[str, ...], **settings: object) -> contextlib.A
         else str(value)
         for key, value in settings.items()
     }
+    env = {**SLOW_NODE_SETTINGS, **env}
     if not cgroup and detect_version() == 2:
         return _node_in_own_group(env)
-    return local_node(env, timeout_s=120, cgroup=cgroup)
+    return local_node(env, timeout_s=NODE_START_S, cgroup=cgroup)
 
 
 _NODE_GROUPS = itertools.count()
@@ -152,7 +163,7 @@ def _node_in_own_group(env: dict[str, str]) -> Iterator[str]:
     level per node started: ``<unit>/node/node/...``."""
     with scratch_group(f"node-{os.getpid()}-{next(_NODE_GROUPS)}") as group:
         procs = tuple(str(d / "cgroup.procs") for d in dict.fromkeys(group.dirs.values()))
-        with local_node(env, timeout_s=120, cgroup=procs) as base:
+        with local_node(env, timeout_s=NODE_START_S, cgroup=procs) as base:
             yield base
 
 
