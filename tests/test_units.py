@@ -40,7 +40,8 @@ def test_every_syscall_number_is_libseccomps_on_both_architectures() -> None:
     """Every number a filter or a raw ``syscall()`` uses (deny list, fork members' filter, capset, clone, openat2,
     Landlock), on x86_64 and aarch64, is what libseccomp's resolver says; a denied call a table lacks does not
     exist on that architecture (iopl and ioperm on aarch64)."""
-    from sandboxd.runners.jail.jailside import landlock, zygote
+    import sandboxd.runners.jail.jailside.zygote  # noqa: F401  # first: it puts its siblings on the path, as in a jail
+    from sandboxd.runners.jail.jailside import landlock, namespaces
     from sandboxd.runners.python import snapshot
 
     resolver = shutil.which("scmp_sys_resolver")
@@ -51,7 +52,7 @@ def test_every_syscall_number_is_libseccomps_on_both_architectures() -> None:
         ours += [(machine, name, nr) for name, nr in table.items()]
         ours += [(machine, name, None) for name in seccomp.DENIED if name not in table]
         ours += [
-            (machine, "clone", zygote.SYS_CLONE[machine]),
+            (machine, "clone", namespaces.SYS_CLONE[machine]),
             (machine, "openat2", snapshot.SYS_OPENAT2),
             (machine, "landlock_create_ruleset", landlock._SYS_CREATE_RULESET),
             (machine, "landlock_add_rule", landlock._SYS_ADD_RULE),

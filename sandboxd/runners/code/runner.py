@@ -2,8 +2,8 @@
 
 It composes the jail core (``runners/jail/``: a zygote per jail, one executor per execution, its cgroup,
 seccomp, namespaces, the blame rule) and drives it with another program: each execution's executor stages the
-files, takes its limits and then runs the language's command in a child it waits for (``jailside/zygote.py``,
-``_exec_program``), reporting its status and the files asked for. A step holds one slot (what admission gave
+files, takes its limits and then runs the language's command in a child it waits for (``jailside/executor.py``,
+``exec_program``), reporting its status and the files asked for. A step holds one slot (what admission gave
 it) for its compilation and its runs, one after the other: compilation with its own time and memory limits,
 its artifact fetched back to the worker (and into the compile cache), then staged, executable, for every run.
 """

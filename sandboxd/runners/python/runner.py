@@ -95,12 +95,12 @@ def import_pattern(modules: list[str]) -> re.Pattern[str] | None:
     return re.compile(rf"(?m)^[ \t]*(?:import|from)[ \t][^\n#]*?\b(?:{names})\b")
 
 
-MODULE_SUFFIXES = (".py", ".pyc", ".pyw", ".so")  # jailside/zygote.py's: ``.cpython-312-...so`` ends in ``.so``
+MODULE_SUFFIXES = (".py", ".pyc", ".pyw", ".so")  # jailside/program.py's: ``.cpython-312-...so`` ends in ``.so``
 
 
 def module_tops(paths: Iterable[str]) -> set[str]:
     """The top-level module names files at ``paths`` (relative to the working directory) could be imported
-    as; a name too many only costs a step its template (jailside/zygote.py's ``_tops`` is the same rule)."""
+    as; a name too many only costs a step its template (jailside/program.py's ``tops_of`` is the same rule)."""
     out = set()
     for given in paths:
         path = posixpath.normpath(given)  # "./calendar.py" and "x/../calendar.py" are staged as calendar.py

@@ -48,6 +48,7 @@ FORK_ROOT = "/forks"  # sandboxd.runners.jail.nsjail.FORK_ROOT: an empty mount p
 COPY_MAX_ENTRIES = 10_000  # entries of /tmp a fork copies into each copy; more is a refusal
 COPY_MAX_PATH_BYTES = 3072  # paths under /tmp it copies (under /forks/<24 hex> they stay below PATH_MAX)
 WORKDIR = "/tmp"
+FORK_COPIES_MAX = 64  # sandboxd's fork_max_copies ceiling: the copies' shared tmpfs holds this many /tmp's
 HOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "holder.py")
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # Top-level paths no member reads: the source's files (/tmp, and /home/user, its second name), the copies',
