@@ -543,8 +543,8 @@ async def test_a_click_the_page_never_received_is_sent_again_then_said(tmp_path:
     page received it (real Chromium here, its input switched off through CDP to drop every click)."""
     from playwright.async_api import async_playwright
 
+    from sandboxd.runners.browser.actions import CLICK_COUNTER, ActionRefused, click
     from sandboxd.runners.browser.config import BrowserRunnerConfig
-    from sandboxd.runners.browser.runner import CLICK_COUNTER, ActionRefused, click
 
     page_html = tmp_path / "p.html"
     page_html.write_text("<button id=b onclick=\"this.textContent='pressed'\">press</button>")

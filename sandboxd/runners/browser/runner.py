@@ -20,17 +20,15 @@ Playwright's exceptions are translated here and nowhere else.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from playwright.async_api import Browser, BrowserContext, CDPSession, Page, Playwright, async_playwright
+from playwright.async_api import Browser, Page, Playwright, async_playwright
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
@@ -44,37 +42,27 @@ from sandboxd.runners.base import (
     refuse_fork_at_cap,
 )
 from sandboxd.runners.browser import models as m
+from sandboxd.runners.browser.actions import CLICK_COUNTER, ActionRefused, perform, short, starved_reason
 from sandboxd.runners.browser.config import BrowserRunnerConfig
+from sandboxd.runners.browser.forks import FORK_PARALLEL, capture, restore
 from sandboxd.runners.browser.gate import Gate
-from sandboxd.runners.browser.jail import write_launcher
-from sandboxd.runners.browser.sites import BLANK_PATH, HEAD_LIMIT, RESOLVER_RULES, Sites, browser_netns, listen_in_netns
+from sandboxd.runners.browser.jail import chromium_args, renderers_first_for_oom, write_launcher
+from sandboxd.runners.browser.sites import BLANK_PATH, HEAD_LIMIT, Sites, browser_netns, listen_in_netns
+from sandboxd.runners.browser.tabs import RESET_TIMEOUT_S, Tab
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot
-from sandboxd.runners.starvation import CONTENDED_SHARE, CpuPressure
+from sandboxd.runners.starvation import CpuPressure
 
 log = logging.getLogger(__name__)
 
 LAUNCH_TIMEOUT_MS = 60_000
 CLOSE_TIMEOUT_S = 5.0
 TITLE_TIMEOUT_S = 0.5  # a hung page has no title worth waiting for
-STARVED_CHECK_S = 2.0  # after a timeout under contention: how long to look for what the action waited for
-FORK_PARALLEL = 4  # copies of one fork made at once
-RESET_TIMEOUT_S = 5.0  # a context that cannot be reset in this long is thrown away
 ANSWER_PROBE_S = 0.5  # a one-shot's page that does not evaluate ``1`` this fast is hung: thrown away, not reset
 EXTRA_PAGE_ROUNDS = 4  # rounds of closing a context's extra pages before the context is thrown away instead
 GATE_WAIT_S = 30.0  # a session's trajectory waits this long at most for the gate (a one-shot: its queue deadline)
-# Counts the trusted clicks each document receives, under a name a page's own scripts cannot redefine
-# (installed before them, not configurable); read back after a click to know it arrived.
-CLICK_COUNTER = """(() => {
-  let n = 0;
-  const id = Math.random().toString(36).slice(2);
-  addEventListener('click', (e) => { if (e.isTrusted) n++; }, true);
-  Object.defineProperty(window, '__sandboxdClicks', { get: () => [id, n], configurable: false });
-})();"""
-READ_CLICKS = "window.__sandboxdClicks || null"
 # What a session's context and renderer may take in the browser's group: measured 15 MiB on a shop page with
 # the headless shell (55 MiB with the full browser), reserved at 3x for heavier pages.
 CONTEXT_RESERVE_MB = 48
-RENDERER_OOM_SCORE_ADJ = 500  # pages before the browser: +50% of the cgroup's size in the OOM killer's points
 MEMORY_ADMIT_FRACTION = 0.9  # new sessions must leave this much of the browser's cap unused
 # What a page can write and read back: cleared between trajectories. Not "all": that also drops the
 # shader and code caches, which hold nothing of a page's and cost the next trajectory ~0.3 s of CPU.
@@ -83,64 +71,6 @@ PAGE_STORAGE = (
     "shared_storage,storage_buckets,interest_groups"
 )
 NAVIGATING = (m.Goto, m.Click, m.Press, m.History, m.Fill, m.Check, m.SelectOption, m.WaitFor)
-CHROMIUM_ARGS = [
-    # One renderer per context, not per site: contexts never share a renderer anyway, and each site in a
-    # context belongs to the same trajectory or session. Measured: a new renderer per navigation doubled
-    # the CPU of a B4 trajectory.
-    "--disable-site-isolation-trials",
-    "--disable-gpu",
-    "--disable-software-rasterizer",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-    "--no-first-run",
-    # Site names go to the runner's server on the jail's loopback; every other name resolves to nothing.
-    f"--host-resolver-rules={RESOLVER_RULES}",
-]
-
-
-def chromium_args(cfg: BrowserRunnerConfig) -> list[str]:
-    """The switches of one browser. A page's JavaScript heap is capped well below the browser's cgroup, so
-    the usual runaway page ends as its own renderer's V8 out-of-memory; half the cgroup at most, whatever
-    the setting, so one page can never be the cgroup's whole content."""
-    heap_mb = min(cfg.page_heap_mb, cfg.memory_mb // 2)
-    return [*CHROMIUM_ARGS, f"--js-flags=--max-old-space-size={heap_mb}", *cfg.extra_switches]
-
-
-def renderers_first_for_oom(procs_files: list[Path]) -> int:
-    """Make the pages the OOM killer's first choice in the browser's cgroup: its zygotes (every renderer is
-    forked from one and inherits the value) and the renderers already running get ``RENDERER_OOM_SCORE_ADJ``,
-    the browser, GPU and utility processes keep 0. At the cap the kernel then kills the page that filled it,
-    not the browser and every session in it. Raising a score needs no privilege (lowering would need
-    CAP_SYS_RESOURCE, which pods and this worker do not have). Returns how many processes were raised."""
-    raised = 0
-    for pid in {int(x) for f in procs_files for x in f.read_text().split()}:
-        try:
-            # Chromium rewrites its children's titles: their arguments are one space-separated string.
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
-            if b"--type=renderer" in args or b"--type=zygote" in args:
-                Path(f"/proc/{pid}/oom_score_adj").write_text(str(RENDERER_OOM_SCORE_ADJ))
-                raised += 1
-        except OSError:  # gone meanwhile
-            continue
-    return raised
-
-
-@dataclass
-class Tab:
-    """A context with its one page: what a session or a one-shot trajectory drives."""
-
-    context: BrowserContext
-    page: Page
-    browser: Browser
-    cdp: CDPSession
-    crashed: bool = False
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    site: str = "shop"
-    uses: int = 0
-    title: str | None = None
-    origins: set[str] = field(default_factory=set)  # site origins this page has shown (reset clears each)
 
 
 class BrowserRunner:
@@ -525,7 +455,9 @@ class BrowserRunner:
         while True:
             attempt_t, stalled0 = time.monotonic(), self.pressure.stalled_s()
             try:
-                value = await asyncio.wait_for(self._do(page, act, site, timeout_ms), timeout_ms / 1000 + 1.0)
+                value = await asyncio.wait_for(
+                    perform(page, act, site, timeout_ms, self.sites, self.cfg, self.stats), timeout_ms / 1000 + 1.0
+                )
                 error = None
                 break
             except PlaywrightTimeout:
@@ -535,7 +467,7 @@ class BrowserRunner:
             except TimeoutError:
                 error = f"timed out after {timeout_ms:g} ms (the page did not answer)"
             except PlaywrightError as exc:
-                error = _short(exc.message)
+                error = short(exc.message)
                 if retried and "interrupted by another navigation" in exc.message:
                     # The starved first attempt's navigation landed as the second began: still the node's doing.
                     self.stats["starved_twice"] += 1
@@ -544,7 +476,9 @@ class BrowserRunner:
             except ActionRefused as exc:
                 error = str(exc)
                 break
-            starved = await self._starved(page, act, time.monotonic() - attempt_t, stalled0)
+            starved = await starved_reason(
+                page, act, time.monotonic() - attempt_t, self.pressure.stalled_s() - stalled0
+            )
             if not starved:
                 break
             on_starved()  # the browser admits fewer trajectories from now on (gate.py)
@@ -576,89 +510,6 @@ class BrowserRunner:
             value=value,
         )
         return result, starved_twice
-
-    async def _starved(self, page: Page, act: Any, elapsed_s: float, stalled0: float) -> str:
-        """Why a timed-out action was the node's doing, not the program's ("" when it was not): the machine's
-        CPUs were contended for a good share of it and what it waited for is there now (no selector, or one
-        that matches). Every session shares one browser, and another tenant's forks or trajectories can keep
-        its renderers off the CPU past a 500 ms action limit. Such an action gets its time again, once
-        (``_act``); starved twice, its timeout is reported with this reason. A selector that matches
-        nothing is the program's miss, however busy the node was."""
-        stalled = self.pressure.stalled_s() - stalled0
-        if elapsed_s <= 0 or stalled < CONTENDED_SHARE * elapsed_s:
-            return ""
-        selector = getattr(act, "selector", None)
-        if selector:
-            try:
-                found = await asyncio.wait_for(page.locator(selector).count(), STARVED_CHECK_S)
-            except (PlaywrightError, TimeoutError):
-                return ""
-            if not found:
-                return ""
-        where = f", and {selector!r} is on the page" if selector else ""
-        return f"the node's CPUs were contended for {stalled / elapsed_s:.0%} of it{where}"
-
-    async def _do(self, page: Page, act: Any, site: str, timeout_ms: float) -> str | None:
-        match act:
-            case m.Goto():
-                target = act.site or site
-                if target not in self.sites.roots:
-                    raise ActionRefused(f"unknown site {target!r}; known: {sorted(self.sites.roots)}")
-                await page.goto(self.sites.url(target, act.path), wait_until="domcontentloaded", timeout=timeout_ms)
-            case m.Click():
-                if not await click(page, act.selector, timeout_ms):
-                    self.stats["clicks_resent"] += 1
-            case m.Fill():
-                await page.fill(act.selector, act.text, timeout=timeout_ms)
-            case m.Press():
-                if act.selector:
-                    await page.press(act.selector, act.key, timeout=timeout_ms)
-                else:
-                    await page.keyboard.press(act.key)
-            case m.Scroll():
-                await page.evaluate("([x, y]) => window.scrollBy(x, y)", [act.x, act.y])
-            case m.SelectOption():
-                await page.select_option(act.selector, act.value, timeout=timeout_ms)
-            case m.Check():
-                if act.action == "check":
-                    await page.check(act.selector, timeout=timeout_ms)
-                else:
-                    await page.uncheck(act.selector, timeout=timeout_ms)
-            case m.WaitFor():
-                if act.selector:
-                    await page.wait_for_selector(act.selector, state=act.state, timeout=timeout_ms)
-                else:
-                    await asyncio.sleep(min(act.ms or 0, timeout_ms) / 1000)
-            case m.Text():
-                return self._cut(await page.inner_text(act.selector or "body", timeout=timeout_ms))
-            case m.AriaSnapshot():
-                return self._cut(await page.locator(act.selector or "body").aria_snapshot(timeout=timeout_ms))
-            case m.Screenshot():
-                shot = await page.screenshot(
-                    type=act.format,
-                    quality=act.quality if act.format == "jpeg" else None,
-                    full_page=act.full_page,
-                    timeout=timeout_ms,
-                )
-                if len(shot) > self.cfg.max_screenshot_bytes:
-                    raise ActionRefused(
-                        f"screenshot of {len(shot)} bytes exceeds max_screenshot_bytes {self.cfg.max_screenshot_bytes}"
-                    )
-                return base64.b64encode(shot).decode() if act.return_image else None
-            case m.History():
-                if act.action == "back":
-                    await page.go_back(wait_until="domcontentloaded", timeout=timeout_ms)
-                elif act.action == "forward":
-                    await page.go_forward(wait_until="domcontentloaded", timeout=timeout_ms)
-                else:
-                    await page.reload(wait_until="domcontentloaded", timeout=timeout_ms)
-        return None
-
-    def _cut(self, text: str) -> str:
-        data = text.encode()
-        if len(data) <= self.cfg.max_text_bytes:
-            return text
-        return data[: self.cfg.max_text_bytes].decode(errors="ignore") + "\n[truncated]"
 
     # ------------------------------------------------------------------ sessions
 
@@ -716,51 +567,10 @@ class BrowserRunner:
                 session_id=session_id,
             )
 
-    async def _capture(self, src: Tab, source_id: str) -> tuple[Any, str, str | None, list[list[str]]]:
-        """The source's cookies and storage, read through the browser (CDP), never through the page's own
-        JavaScript (a page can redefine ``Object.entries`` or spin forever), and within a time limit."""
-        async with src.lock:
-            try:
-                async with asyncio.timeout(RESET_TIMEOUT_S):
-                    cookies = await src.context.cookies()  # the browser's cookie store, not the page's
-                    url = src.page.url
-                    origin = self.sites.origin_of(url)
-                    # Playwright reads localStorage in its own isolated world (a page's redefinitions of
-                    # Object.entries and friends do not reach it); a page that spins is caught by the timeout.
-                    stored = await src.context.storage_state()
-                    origins = [
-                        {"origin": o["origin"], "entries": [[i["name"], i["value"]] for i in o.get("localStorage", [])]}
-                        for o in stored.get("origins", [])
-                        if self.sites.origin_of(o["origin"]) is not None and o.get("localStorage")
-                    ]
-                    session_items: list[list[str]] = []
-                    if origin is not None:
-                        got = await src.cdp.send(
-                            "DOMStorage.getDOMStorageItems",
-                            {"storageId": {"securityOrigin": origin, "isLocalStorage": False}},
-                        )
-                        session_items = got["entries"]
-            except TimeoutError:
-                raise BadRequest(
-                    f"session {source_id}'s page did not give up its storage within {RESET_TIMEOUT_S:g} s "
-                    "(a busy page cannot be copied now)"
-                ) from None
-            except PlaywrightError as exc:
-                if src.crashed or src.browser is not self.browser:
-                    raise SessionLost(f"browser session {source_id} is gone: {_short(exc.message)}") from exc
-                raise BadRequest(f"session {source_id}'s storage could not be read: {_short(exc.message)}") from exc
-        size = sum(len(c.get("name", "")) + len(c.get("value", "")) for c in cookies)
-        size += sum(len(k) + len(v) for o in origins for k, v in o["entries"])
-        size += sum(len(k) + len(v) for k, v in session_items)
-        if size > self.cfg.fork_max_state_bytes:
-            raise BadRequest(
-                f"session {source_id} holds {size} bytes of cookies and storage; a fork copies at most "
-                f"{self.cfg.fork_max_state_bytes} (SANDBOXD_BROWSER__FORK_MAX_STATE_BYTES)"
-            )
-        return {"cookies": cookies, "origins": origins}, url, origin, session_items
-
     async def _fork(self, src: Tab, source_id: str, new_ids: list[str]) -> list[str]:
-        state, url, origin, session_items = await self._capture(src, source_id)
+        state, url, origin, session_items = await capture(
+            src, source_id, self.sites, self.browser, self.cfg.fork_max_state_bytes
+        )
         made: list[Tab] = []
         gate = asyncio.Semaphore(FORK_PARALLEL)
 
@@ -768,7 +578,7 @@ class BrowserRunner:
             async with gate:
                 tab = await self._take_tab()
                 made.append(tab)
-                await self._restore(tab, src.site, state, url, origin, session_items)
+                await restore(tab, src.site, state, url, origin, session_items)
                 return tab
 
         try:
@@ -789,9 +599,7 @@ class BrowserRunner:
                 # The browser is fine: what failed is loading the source's own pages with its own state
                 # (a page that hangs, cookies too big to send): the tenant's, as the source would see it.
                 message = first.message if isinstance(first, PlaywrightError) else f"over {RESET_TIMEOUT_S:g} s"
-                raise BadRequest(
-                    f"a copy of session {source_id} could not load its state: {_short(message)}"
-                ) from first
+                raise BadRequest(f"a copy of session {source_id} could not load its state: {short(message)}") from first
             raise first
         copies = [r for r in results if isinstance(r, Tab)]
         for sid, tab in zip(new_ids, copies, strict=True):
@@ -802,72 +610,7 @@ class BrowserRunner:
             "history were not copied"
         ]
 
-    async def _restore(
-        self, tab: Tab, site: str, state: Any, url: str, origin: str | None, session_items: list[list[str]]
-    ) -> None:
-        tab.site = site
-        async with asyncio.timeout(RESET_TIMEOUT_S):
-            if state["cookies"]:
-                await tab.context.add_cookies(state["cookies"])
-            # Written from our own blank page of each origin in the fresh context: no page of the tenant's
-            # runs there, so nothing can interfere with the writes.
-            for entry in state["origins"]:
-                await tab.page.goto(entry["origin"] + BLANK_PATH, wait_until="commit")
-                tab.origins.add(entry["origin"])
-                await tab.page.evaluate(
-                    "items => { for (const [k, v] of items) localStorage.setItem(k, v) }", entry["entries"]
-                )
-            if origin is not None:
-                await tab.page.goto(origin + BLANK_PATH, wait_until="commit")
-                tab.origins.add(origin)
-                await tab.page.evaluate(
-                    "items => { for (const [k, v] of items) sessionStorage.setItem(k, v) }", session_items
-                )
-                await tab.page.goto(url, wait_until="load")
-            tab.title = None
-
     async def close_session(self, session_id: str) -> None:
         tab = self.sessions.pop(session_id, None)
         if tab is not None:
             await self._dispose(tab)
-
-
-async def click(page: Page, selector: str, timeout_ms: float) -> bool:
-    """A click that reached the page (True: at once; False: when sent a second time), or an action error
-    that says it did not.
-
-    Playwright reports a click done once it dispatched the mouse events, whether or not the page got
-    them: under load Chromium can drop them, and a trajectory then went on as if the button had been
-    pressed (a session's "add to cart" that never reached the cart). Each page counts the trusted clicks
-    it receives (``CLICK_COUNTER``, installed in every context before any page script); a click that
-    neither raised the count nor navigated had no effect, so it is sent once more, then said. The count
-    is read right before the click (a count kept from an earlier action would let a page that navigates
-    itself by timer pass an undelivered click: found by a red team)."""
-    if len(page.frames) > 1:  # a click in a frame is counted there, not here: trust Playwright's word
-        await page.click(selector, timeout=timeout_ms)
-        return True
-    before = await _clicks(page)
-    for attempt in (0, 1):
-        await page.click(selector, timeout=timeout_ms)
-        after = await _clicks(page)
-        if after is None or before is None or after != before:
-            return attempt == 0  # delivered: counted, or the document changed (a navigation the click started)
-    raise ActionRefused(f"the click on {selector!r} was not delivered to the page (sent twice)")
-
-
-async def _clicks(page: Page) -> tuple[str, int] | None:
-    """(this document's id, trusted clicks it received); None while a navigation replaces it."""
-    try:
-        got = await page.evaluate(READ_CLICKS)
-    except PlaywrightError:
-        return None
-    return (str(got[0]), int(got[1])) if isinstance(got, list) and len(got) == 2 else None
-
-
-class ActionRefused(Exception):
-    """An action the runner will not do (unknown site, oversized screenshot): the program's error."""
-
-
-def _short(message: str) -> str:
-    first = message.strip().split("\n", 1)[0]
-    return first[:500]
