@@ -23,6 +23,7 @@ from sandboxd.cluster.nodes import Peer
 from sandboxd.wire import Connection
 
 FORWARDED_BY = "x-sandboxd-forwarded-by"
+FORWARD_TIMEOUT_S = 30.0  # a forwarded request's own budget beyond any step time (session info, close, selections)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ValidationError
 
 from sandboxd.answers import error_body, failed_answer
 from sandboxd.board import Board
-from sandboxd.cluster.forward import CALLER
+from sandboxd.cluster.forward import CALLER, FORWARD_TIMEOUT_S
 from sandboxd.cluster.service import ClusterView, raise_for
 from sandboxd.config import NodeSettings
 from sandboxd.errors import (
@@ -50,10 +50,11 @@ from sandboxd.errors import (
     UnknownSession,
     WorkerDied,
 )
-from sandboxd.front.links import NodeLinks
+from sandboxd.front.links import NodeKV, NodeLinks
+from sandboxd.front.selection import select, states_of
 from sandboxd.ids import owner_of, tenant_of_key, worker_of
 from sandboxd.links import Channel, Header, LinkClosed, answer_of
-from sandboxd.messages import CreateCall, DeadlineCall, NodeForkCall, SelectCall, StepCall
+from sandboxd.messages import CreateCall, DeadlineCall, NodeForkCall, StepCall
 from sandboxd.metrics import FrontMetrics
 from sandboxd.models import ForkResult, SessionCreate, SessionFork, SessionInfo, StepRequest, StepResult
 from sandboxd.registry import kinds
@@ -62,7 +63,6 @@ from sandboxd.stores.idempotency import Idempotency, Stored, fingerprint
 from sandboxd.tally import INFLIGHT, Tally
 
 log = logging.getLogger("sandboxd.front")
-FORWARD_TIMEOUT_S = 30.0  # a forwarded request's own budget beyond any step time (session info, close)
 FORK_FORWARD_TIMEOUT_S = 300.0  # a fork of many browser copies loads a page per copy
 NODE_START_MARGIN_S = 60.0  # the node process's own start, beyond its workers' (worker_start_timeout_s)
 
@@ -85,33 +85,6 @@ def kept(stored: Stored) -> bool:
         return bool(orjson.loads(stored.body)["error"]["blame"] != "infra")
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return False
-
-
-class NodeKV:
-    """Idempotency keys kept by the node process, for all of its front processes."""
-
-    def __init__(self, links: NodeLinks) -> None:
-        self.links = links
-
-    async def _call(self, fields: Header) -> Header:
-        assert self.links.node is not None
-        answer, _ = await self.links.node.call("kv", fields)
-        return answer
-
-    async def claim(self, key: str, value: bytes, ttl_ms: int) -> bool:
-        return bool(
-            (await self._call({"what": "claim", "key": key, "value": value.decode(), "ttl_ms": ttl_ms}))["claimed"]
-        )
-
-    async def get(self, key: str) -> bytes | None:
-        value = (await self._call({"what": "get", "key": key}))["value"]
-        return None if value is None else str(value).encode()
-
-    async def put(self, key: str, value: bytes, ttl_ms: int) -> None:
-        await self._call({"what": "put", "key": key, "value": value.decode(), "ttl_ms": ttl_ms})
-
-    async def delete(self, key: str) -> None:
-        await self._call({"what": "delete", "key": key})
 
 
 class Gateway:
@@ -599,101 +572,11 @@ class Gateway:
         self, tenant: str, labels: dict[str, str], what: str, idle_s: float | None = None
     ) -> dict[str, Any]:
         with self._counted(tenant):
-            return await self._select(tenant, labels, what, idle_s)
+            return await select(self, tenant, labels, what, idle_s)
 
     async def session_states(self, tenant: str, session_ids: list[str]) -> dict[str, Any]:
         with self._counted(tenant):
-            return await self._states(tenant, session_ids)
-
-    async def _select(self, tenant: str, labels: dict[str, str], what: str, idle_s: float | None) -> dict[str, Any]:
-        """List (``sessions``), renew or close (``count``) the tenant's sessions carrying ``labels``, on every
-        worker of this node and, in a cluster, every other node (asked once: a forwarded call is not passed
-        on). Nodes that could not be asked are named in ``unreached``; their sessions were not touched."""
-        fields: SelectCall = {"tenant": tenant, "labels": labels, "what": what, "idle_timeout_s": idle_s}
-        live = [w.channel for w in self.links.workers if w.channel is not None and w.channel.alive]
-        answers = await asyncio.gather(*(ch.call("select", fields) for ch in live), return_exceptions=True)
-        sessions: list[Any] = []
-        count = 0
-        unreached: list[str] = []
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                if not isinstance(answer, SandboxdError | LinkClosed):
-                    raise answer
-                unreached.append(self.node_id)  # a worker died meanwhile: its sessions went with it
-                continue
-            sessions.extend(answer[0].get("sessions") or [])
-            count += int(answer[0].get("count") or 0)
-        if self.cluster is not None and CALLER.get().forwarded_by is None:
-            peers = [p for node, p in self.cluster.registry.peers.items() if node != self.node_id]
-            method, path, body = _selection_request(labels, what, idle_s)
-            replies = await asyncio.gather(
-                *(self.cluster.forwarder.send(p, method, path, body, FORWARD_TIMEOUT_S) for p in peers),
-                return_exceptions=True,
-            )
-            for peer, reply in zip(peers, replies, strict=True):
-                if isinstance(reply, BaseException) and not isinstance(reply, Exception):
-                    raise reply  # cancellation, not the peer's failure
-                if isinstance(reply, Exception) or reply[0] != 200:
-                    unreached.append(peer.node_id)
-                    continue
-                doc = orjson.loads(reply[1])
-                sessions.extend(doc.get("sessions") or [])
-                count += int(doc.get("count") or 0)
-                unreached.extend(doc.get("unreached") or [])
-        out: dict[str, Any] = {"sessions": sessions} if what == "list" else {"count": count}
-        out["unreached"] = sorted(set(unreached))
-        return out
-
-    async def _states(self, tenant: str, session_ids: list[str]) -> dict[str, Any]:
-        """Each id's state (live, lost, ended, unknown), asking each worker once for its ids and, in a cluster,
-        each other owner once for its own."""
-        states: dict[str, Any] = {}
-        by_worker: dict[int, list[str]] = {}
-        by_owner: dict[str, list[str]] = {}
-        for sid in dict.fromkeys(session_ids):
-            owner = owner_of(sid)
-            if owner != self.node_id:
-                if owner is not None and self.cluster is not None and CALLER.get().forwarded_by is None:
-                    by_owner.setdefault(owner, []).append(sid)
-                else:
-                    states[sid] = {"state": "unknown"}
-                continue
-            try:
-                self._session_worker(sid)
-            except SessionLost as exc:
-                states[sid] = {"state": "lost", "why": exc.message}
-                continue
-            except UnknownSession:
-                states[sid] = {"state": "unknown"}
-                continue
-            place = worker_of(sid)
-            assert place is not None
-            by_worker.setdefault(place[0], []).append(sid)
-
-        async def ask_worker(index: int, ids: list[str]) -> None:
-            ch = self.links.workers[index].channel
-            try:
-                if ch is None:
-                    raise LinkClosed("no link")
-                _, raw = await ch.call("status", {"tenant": tenant, "session_ids": ids})
-                states.update(orjson.loads(raw))
-            except (LinkClosed, SandboxdError):
-                states.update({sid: {"state": "lost", "why": f"worker {index} died"} for sid in ids})
-
-        async def ask_owner(ids: list[str]) -> None:
-            try:
-                body = orjson.dumps({"session_ids": ids})
-                status, data = await self._forward(ids[0], tenant, "status", "POST", "/sessions/status", body)
-                raise_for(status, data)
-                states.update(orjson.loads(data)["sessions"])
-            except SandboxdError as exc:  # the owner is gone (410: its sessions with it) or did not answer
-                lost = exc.status == 410
-                states.update({sid: {"state": "lost" if lost else "unknown", "why": exc.message} for sid in ids})
-
-        await asyncio.gather(
-            *(ask_worker(i, ids) for i, ids in by_worker.items()), *(ask_owner(ids) for ids in by_owner.values())
-        )
-        return {"sessions": states}
+            return await states_of(self, tenant, session_ids)
 
     # ------------------------------------------------------------------ node
 
@@ -724,19 +607,6 @@ class Gateway:
         _, raw = await self.links.node.call("status")
         status: dict[str, Any] = orjson.loads(raw)
         return status
-
-
-def _selection_request(labels: dict[str, str], what: str, idle_s: float | None) -> tuple[str, str, bytes]:
-    """The same selection as another node's HTTP request (what it answers for its own sessions)."""
-    if what == "list":
-        query = "&".join(f"label={quote(f'{k}:{v}', safe='')}" for k, v in labels.items())
-        return "GET", f"/sessions?{query}", b""
-    if what == "renew":
-        body: dict[str, Any] = {"labels": labels}
-        if idle_s:
-            body["idle_timeout_s"] = idle_s
-        return "POST", "/sessions/keepalive", orjson.dumps(body)
-    return "POST", "/sessions/close", orjson.dumps({"labels": labels})
 
 
 def _retry_of(status: int, data: bytes) -> float | None:

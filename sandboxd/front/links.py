@@ -157,3 +157,30 @@ class NodeLinks:
             self.node.close()
         with contextlib.suppress(Exception):
             await asyncio.sleep(0)
+
+
+class NodeKV:
+    """Idempotency keys kept by the node process, for all of its front processes."""
+
+    def __init__(self, links: NodeLinks) -> None:
+        self.links = links
+
+    async def _call(self, fields: Header) -> Header:
+        assert self.links.node is not None
+        answer, _ = await self.links.node.call("kv", fields)
+        return answer
+
+    async def claim(self, key: str, value: bytes, ttl_ms: int) -> bool:
+        return bool(
+            (await self._call({"what": "claim", "key": key, "value": value.decode(), "ttl_ms": ttl_ms}))["claimed"]
+        )
+
+    async def get(self, key: str) -> bytes | None:
+        value = (await self._call({"what": "get", "key": key}))["value"]
+        return None if value is None else str(value).encode()
+
+    async def put(self, key: str, value: bytes, ttl_ms: int) -> None:
+        await self._call({"what": "put", "key": key, "value": value.decode(), "ttl_ms": ttl_ms})
+
+    async def delete(self, key: str) -> None:
+        await self._call({"what": "delete", "key": key})
