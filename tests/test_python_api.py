@@ -69,9 +69,16 @@ async def test_programs_start_as_under_cpython(http: httpx.AsyncClient) -> None:
     assert r["observation"]["stdout"] == "True True\n", r
     r = await step(http, "print(__file__)")
     assert r["observation"]["exit_code"] == 1 and "NameError" in r["observation"]["stderr"], r  # as python -c
-    for name in ("wire", "seccomp", "zygote"):
+    harness = ("wire", "seccomp", "zygote", "bound", "executor", "session", "program", "staging", "namespaces")
+    for name in harness:
         r = await step(http, f"import {name}")
         assert "ModuleNotFoundError" in r["observation"]["stderr"], (name, r)
+    # A step's own modules named like the harness's are the step's (jailside/bound.HARNESS_MODULES).
+    own = {f"{name}.py": f"WHO = 'mine:{name}'\n" for name in harness}
+    r = await step(
+        http, f"import {', '.join(harness)}\nprint(' '.join(m.WHO for m in ({', '.join(harness)})))", files=own
+    )
+    assert r["ok"] and r["observation"]["stdout"] == " ".join(f"mine:{n}" for n in harness) + "\n", r
 
     code = (
         "import os, shutil, sys, helper\n"
