@@ -180,23 +180,24 @@ def test_b9_draws_the_suites_mix_and_lengths() -> None:
 async def test_b9_fails_a_rollout_at_its_first_failed_sub_operation(monkeypatch: pytest.MonkeyPatch) -> None:
     """A non-2xx sub-operation ends the rollout as one error, blamed as the server said; a program's own
     failure (a snippet that does not pass) does not; every step carries the rollout's id."""
+    from sandboxd.bench import workload
     from sandboxd.bench import workloads as wl
 
     seen: list[tuple[str, str]] = []
 
-    class Fake(wl.Workload):
+    class Fake(workload.Workload):
         def __init__(self, task: str, fail_at: int | None) -> None:
             self.task, self.fail_at = task, fail_at
 
-        async def op(self, loop: wl.Loop) -> wl.OpResult:
+        async def op(self, loop: workload.Loop) -> workload.OpResult:
             seen.append((self.task, loop.state["rollout_id"]))
             if self.fail_at is not None and len(seen) == self.fail_at:
-                return wl.OpResult(error="HTTP 503 sandbox_setup_failed: boom", blame="infra")
-            return wl.OpResult(passed=False)
+                return workload.OpResult(error="HTTP 503 sandbox_setup_failed: boom", blame="infra")
+            return workload.OpResult(passed=False)
 
     b9 = wl.ConcurrentMixed()
     tasks = dict.fromkeys(["B1", "B3", "B4", "B5", "B7"])
-    loop = wl.Loop(conn=None, rng=random.Random(1), shared=tasks, options={}, index=0)  # type: ignore[arg-type]
+    loop = workload.Loop(conn=None, rng=random.Random(1), shared=tasks, options={}, index=0)  # type: ignore[arg-type]
     for task, _ in b9.MIX:
         monkeypatch.setitem(wl.WORKLOADS, task, Fake(task, None))
     ok = await b9.op(loop)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from sandboxd.bench.loadgen import run_level
 from sandboxd.bench.stats import percentile
-from sandboxd.bench.workloads import Samples
+from sandboxd.bench.workload import Samples
 from sandboxd.localnode import LocalRedis, NodeProcess
 from sandboxd.wire import Connection
 

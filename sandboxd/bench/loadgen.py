@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sandboxd.bench.workloads import WORKLOADS, Loop, OpResult, Samples
+from sandboxd.bench.workload import Loop, OpResult, Samples
+from sandboxd.bench.workloads import WORKLOADS
 from sandboxd.wire import Connection
 
 MAX_ERROR_EXAMPLES = 3

@@ -29,7 +29,6 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -39,6 +38,14 @@ from sandboxd.api.e2b.cells import execution_cell, ndjson, restart_cell, split_a
 from sandboxd.api.e2b.envd import CALL_TIMEOUT_S, MALFORMED, READ_CHUNK, Refused, SandboxCalls, connect_apps
 from sandboxd.api.e2b.kernels import language_of
 from sandboxd.api.e2b.labels import LANGUAGE_LABEL, OWN_PREFIX, PARENT_LABEL, TEMPLATE_LABEL
+from sandboxd.api.e2b.models import (
+    Connect,
+    Execute,
+    NewContext,
+    NewSandbox,
+    Refresh,
+    Timeout,
+)
 from sandboxd.api.e2b.names import known_nodes, public_message, sandbox_in_host, sandbox_name, session_of
 from sandboxd.api.e2b.paths import CONTROL_HEADS, CONTROL_PREFIXES, DATA_EXACT, DATA_PREFIXES, is_data_plane, is_e2b
 from sandboxd.api.surface import Dropped, surface_router, until_disconnected
@@ -62,8 +69,6 @@ from sandboxd.models import SessionCreate, SessionInfo, StepRequest, _checked_la
 TEMPLATES = ("base", "code-interpreter-v1", "code-interpreter")  # what the SDKs create by default
 ENVD_VERSION = "0.5.2"  # the envd features served (closing stdin: 0.5.2); not octet-stream uploads (0.5.7)
 HOME = SESSION_HOME  # E2B's home: a sandbox's working directory, its /tmp under that name too
-DEFAULT_TIMEOUT_S = 300  # the SDK's own default
-MAX_TIMEOUT_S = 7 * 86400  # what a timeout may say at all (the node's session_ttl_s caps what it gets)
 MAX_FILES = 1000  # parts of one upload
 INTERRUPT_AGAIN_S = 1.0  # a cell whose client left, still queued or ignoring its interrupt: interrupted again
 CONNECT_METHODS = {
@@ -80,73 +85,6 @@ CONNECT_METHODS = {
         "RemoveWatcher",
     ),
 }
-
-
-class Network(BaseModel):
-    """A create's ``network``: egress rules and public traffic. Only what cannot be honoured matters here."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    allow_out: list[str] | None = Field(None, alias="allowOut")
-
-
-class NewSandbox(BaseModel):
-    """``POST /sandboxes`` (SDK 1.x to 2.45) and ``POST /v2/sandboxes`` (2.46 on) as the SDKs send them: the v2
-    body leaves ``timeout`` out unless the caller set one. Fields a later SDK adds are ignored, as E2B's API
-    does; the ones asking for what a sandbox here cannot do are refused by name (``refused``)."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    template_id: str = Field(alias="templateID", max_length=256)
-    timeout: int = Field(DEFAULT_TIMEOUT_S, ge=1, le=MAX_TIMEOUT_S)
-    metadata: dict[str, str] | None = None  # JS sends null where Python sends {}
-    env_vars: dict[str, str] | None = Field(None, alias="envVars")
-    auto_pause: bool = Field(False, alias="autoPause")
-    mcp: dict[str, Any] | None = None
-    volume_mounts: list[Any] | None = Field(None, alias="volumeMounts")
-    network: Network | None = None
-
-    def refused(self) -> str | None:
-        """Why this create asks for what is not served (each the SDK's ``SandboxException`` by a 501)."""
-        if self.auto_pause:
-            return "autoPause is not served: a sandbox here is a live process, not a snapshot"
-        if self.mcp:
-            return "mcp is not served: sandboxes here have no network and no mcp-gateway template"
-        if self.volume_mounts:
-            return "volumeMounts are not served: a sandbox's files live in its own memory"
-        if self.network is not None and self.network.allow_out:
-            return "network.allowOut is not served: sandboxes here have no network at all"
-        return None
-
-
-class Timeout(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    timeout: int = Field(..., ge=0, le=MAX_TIMEOUT_S)
-
-
-class Connect(BaseModel):
-    """``POST /v2/sandboxes/{id}/connect``: ``{}`` or ``{"timeout": N}`` (``memory`` is a resume's, ignored)."""
-
-    model_config = ConfigDict(extra="ignore")
-    timeout: int = Field(DEFAULT_TIMEOUT_S, ge=0, le=MAX_TIMEOUT_S)
-
-
-class Refresh(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    duration: int = Field(DEFAULT_TIMEOUT_S, ge=0, le=MAX_TIMEOUT_S)
-
-
-class Execute(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    code: str
-    context_id: str | None = None
-    language: str | None = None
-    env_vars: dict[str, str] | None = None
-
-
-class NewContext(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    language: str | None = None
-    cwd: str | None = None
 
 
 GONE = (UnknownSession, SessionLost, SessionClosed, SessionExpired)
