@@ -152,6 +152,7 @@ def values(r: dict[str, Any]) -> list[Any]:
     return [x["value"] for x in r["observation"]["results"]]
 
 
+@pytest.mark.vm
 async def test_every_action_works_on_the_shop(http: httpx.AsyncClient) -> None:
     r = await browse(
         http,

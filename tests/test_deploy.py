@@ -335,7 +335,22 @@ def test_vm_test_plans_each_platform_and_refuses_what_it_cannot_boot() -> None:
     assert new.returncode == 0 and old.returncode == 0, new.stderr + old.stderr
     assert "trixie, linux-image-amd64)" in new.stdout and "qemu-system-x86_64" in new.stdout
     assert "linux-image-arm64/bookworm" in old.stdout and "qemu-system-aarch64" in old.stdout
-    assert "tests/test_python_fork.py" in new.stdout and "test_python_fork" not in old.stdout
+    assert (
+        "tests: -m vm tests/\n" in new.stdout and "tests: -m vm tests/ --ignore=tests/test_python_fork.py" in old.stdout
+    )
+    # The `vm` subset reaches every area the guest must cover, and is large enough to say something (N >= 30).
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "vm", "-p", "no:cacheprovider", "tests/"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    chosen = [line for line in r.stdout.splitlines() if "::" in line]
+    areas = {"test_python_api", "test_pressure", "test_python_fork", "test_sql", "test_browser", "test_fronts"}
+    assert {c.split("::")[0].removeprefix("tests/").removesuffix(".py") for c in chosen} >= areas, chosen
+    assert {c for c in chosen if c.startswith("tests/test_code.py")} == {
+        f"tests/test_code.py::{t}[cpp]"
+        for t in ("test_hello_stdin_and_failures", "test_time_limit", "test_memory_limit")
+    }
+    assert len([c for c in chosen if "test_python_fork" not in c]) >= 30, chosen
     assert new.stdout.split("image: ")[1].split()[0] != old.stdout.split("image: ")[1].split()[0]
     smoke = plan("--plan", "--arch", "arm64", "--tests", "smoke")
     assert smoke.returncode == 0 and "tests: smoke" in smoke.stdout, smoke.stderr

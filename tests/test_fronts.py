@@ -161,6 +161,7 @@ async def test_a_front_killed_under_load_loses_only_its_own_requests(node: NodeP
         await c.aclose()
 
 
+@pytest.mark.vm
 async def test_drain_stops_new_work_on_both_fronts_and_sigterm_stops_the_node() -> None:
     n = NodeProcess(
         {

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import running_node
 
-pytestmark = pytest.mark.node
+pytestmark = [pytest.mark.node, pytest.mark.vm]
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from tests.conftest import running_node
 
 pytestmark = [
     pytest.mark.node,
+    pytest.mark.vm,
     pytest.mark.skipif(landlock.abi() < landlock.MIN_ABI, reason="python fork needs Landlock ABI 6 (Linux 6.12)"),
 ]
 

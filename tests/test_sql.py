@@ -37,6 +37,7 @@ async def sql(
     return await step_ok(http, "sql", action, session_id, **fields)
 
 
+@pytest.mark.vm
 async def test_all_22_tpch_queries_run(http: httpx.AsyncClient) -> None:
     for n in range(1, 23):
         r = await sql(http, {"tpch": n})
@@ -119,6 +120,7 @@ def worker_rss_mb(pid: int) -> float:
     return 0.0
 
 
+@pytest.mark.vm
 async def test_a_statement_past_its_memory_limit_ends_only_its_own_engine(http: httpx.AsyncClient) -> None:
     victims = [await open_session(http) for _ in range(3)]
     for v in victims:
