@@ -15,7 +15,7 @@ import pytest
 
 from sandboxd.runners.python.config import PythonRunnerConfig
 from sandboxd.runners.python.environments import available
-from sandboxd.runners.python.runner import import_pattern
+from sandboxd.runners.python.imports import import_pattern
 from tests.conftest import running_node
 
 pytestmark = pytest.mark.node

@@ -288,3 +288,24 @@ def remove_workdir(holder_pid: int, workdir: str) -> bool:
     if not os.path.isdir(f"/proc/{holder_pid}"):
         return True  # the holder, its namespaces and their /forks tmpfs are gone: so are the files
     return remove_tree(f"/proc/{holder_pid}/root{workdir}")
+
+
+def notes(copies: list[Member]) -> list[str]:
+    """What a fork's answer says of how the copies differ from the source (the response's ``notes``)."""
+    skipped = max(m.skipped for m in copies)
+    uncopied = (
+        f"python: {skipped} entries of the source's /tmp are neither files, directories nor links (fifos, "
+        "sockets) and were not copied"
+    )
+    return [
+        *([uncopied] if skipped else []),
+        f"python: each copy works in a directory of its own ({copies[0].workdir}, ...: a copy of the source's "
+        "/tmp, with TMPDIR and HOME there), not in /tmp: the copies share the source's namespaces and each is "
+        "confined to its own files by Landlock",
+        "python: after a fork neither the source nor its copies have TCP or UDP sockets, SysV IPC or writes "
+        "to /dev/shm (what they share); named unix sockets cannot be made",
+        "python: open files under /tmp were reopened on each copy's files at the same offset; other open "
+        "descriptors (sockets, pipes) read and write /dev/null in the copies",
+        "python: random, numpy and sympy generators are reseeded in each copy; the source keeps its state",
+        "python: a forked session, and each copy, cannot be forked again",
+    ]

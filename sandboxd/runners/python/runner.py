@@ -12,13 +12,9 @@ import asyncio
 import base64
 import contextlib
 import logging
-import os
-import posixpath
-import re
 import secrets
 import signal
 import sys
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,8 +38,8 @@ from sandboxd.runners.jail.nsjail import jail_environments, startup_modules
 from sandboxd.runners.jail.pool import SlotPool
 from sandboxd.runners.python import fork
 from sandboxd.runners.python.config import SESSION_ZYGOTE_BYTES, PythonRunnerConfig
-from sandboxd.runners.python.environments import Environment
 from sandboxd.runners.python.fork import Lineage
+from sandboxd.runners.python.imports import import_pattern, module_tops, site_tops
 from sandboxd.runners.python.models import PythonAction, PythonObservation, PythonSessionOptions
 from sandboxd.runners.python.snapshot import read_workdir
 
@@ -83,42 +79,6 @@ class Session:
     lineage: Lineage | None = None  # a fork's namespaces it lives in (a copy, or a source after its fork)
     workdir: str = "/tmp"  # where its files are: a copy's own directory under fork.FORK_ROOT
     seen: Counters = field(default_factory=lambda: Counters(0, 0))  # its group's counters after its last step
-
-
-def import_pattern(modules: list[str]) -> re.Pattern[str] | None:
-    """Lines that import one of ``modules`` (top-level packages) as Python source writes them. A miss only
-    costs the program the import; a false hit costs a fork from the larger template."""
-    roots = sorted({m.split(".")[0] for m in modules if m})
-    if not roots:
-        return None
-    names = "|".join(re.escape(r) for r in roots)
-    return re.compile(rf"(?m)^[ \t]*(?:import|from)[ \t][^\n#]*?\b(?:{names})\b")
-
-
-MODULE_SUFFIXES = (".py", ".pyc", ".pyw", ".so")  # jailside/program.py's: ``.cpython-312-...so`` ends in ``.so``
-
-
-def module_tops(paths: Iterable[str]) -> set[str]:
-    """The top-level module names files at ``paths`` (relative to the working directory) could be imported
-    as; a name too many only costs a step its template (jailside/program.py's ``tops_of`` is the same rule)."""
-    out = set()
-    for given in paths:
-        path = posixpath.normpath(given)  # "./calendar.py" and "x/../calendar.py" are staged as calendar.py
-        first = path.split("/", 1)[0]
-        if "/" in path:
-            out.add(first)
-        elif first.endswith(MODULE_SUFFIXES):
-            out.add(first.split(".", 1)[0])
-    return out
-
-
-def site_tops(env: Environment) -> set[str]:
-    """The top-level names importable from an environment's site directory."""
-    try:
-        names = os.listdir(env.site)
-    except OSError:
-        return set()
-    return {n.split(".", 1)[0] for n in names if not n.endswith((".dist-info", ".libs", ".pth")) and n[:1].isalpha()}
 
 
 class PythonRunner:
@@ -553,23 +513,7 @@ class PythonRunner:
                     workdir=m.workdir,
                 )
             self.stats["forks"] += 1
-        skipped = max(m.skipped for m in copies)
-        uncopied = (
-            f"python: {skipped} entries of the source's /tmp are neither files, directories nor links (fifos, "
-            "sockets) and were not copied"
-        )
-        return [
-            *([uncopied] if skipped else []),
-            f"python: each copy works in a directory of its own ({copies[0].workdir}, ...: a copy of the source's "
-            "/tmp, with TMPDIR and HOME there), not in /tmp: the copies share the source's namespaces and each is "
-            "confined to its own files by Landlock",
-            "python: after a fork neither the source nor its copies have TCP or UDP sockets, SysV IPC or writes "
-            "to /dev/shm (what they share); named unix sockets cannot be made",
-            "python: open files under /tmp were reopened on each copy's files at the same offset; other open "
-            "descriptors (sockets, pipes) read and write /dev/null in the copies",
-            "python: random, numpy and sympy generators are reseeded in each copy; the source keeps its state",
-            "python: a forked session, and each copy, cannot be forked again",
-        ]
+        return fork.notes(copies)
 
     def _rebase(self, sess: Session, lineage: Lineage, continuation: fork.Member) -> None:
         """The source goes on in its continuation; its old process holds the namespaces."""
