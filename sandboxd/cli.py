@@ -145,6 +145,36 @@ def _env(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _image(args: argparse.Namespace) -> int:
+    """Import, list or remove the node's container images (``sandboxd/images``)."""
+    from pathlib import Path
+
+    from sandboxd.config import load_settings
+    from sandboxd.errors import SandboxdError
+    from sandboxd.images.store import ImageStore
+    from sandboxd.images.unpack import Limits
+
+    s = load_settings()
+    store = ImageStore(Path(s.images_dir), Limits(s.image_max_layer_bytes, s.image_max_layer_entries))
+    try:
+        if args.image_command == "import":
+            image = store.import_image(Path(args.source), args.name)
+            print(f"{image.name}: {len(image.layers)} layers, {image.size} bytes, id {image.id}")
+        elif args.image_command == "rm":
+            store.remove(args.name)
+            print(f"{args.name}: removed")
+        else:
+            images = store.images()
+            if not images:
+                print(f"no images in {s.images_dir} (sandboxd image import SRC)")
+            for image in images:
+                print(f"{image.name}\t{image.id[:19]}\t{len(image.layers)} layers\t{image.size} bytes")
+    except SandboxdError as exc:
+        print(f"image {args.image_command}: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
 def _bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -375,6 +405,15 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--requirements", help="a pip requirements file (default: the list shipped for NAME)")
     env_sub.add_parser("list", help="the environments built, with their packages")
     env.set_defaults(func=_env)
+    image = sub.add_parser("image", help="the node's container images: import, list, remove")
+    image_sub = image.add_subparsers(dest="image_command", required=True)
+    imp = image_sub.add_parser("import", help="import an OCI image layout (directory or tar) or a docker save archive")
+    imp.add_argument("source", help="the layout directory or the archive")
+    imp.add_argument("--name", help="the image's name here (default: the name the source carries)")
+    image_sub.add_parser("list", help="the images in SANDBOXD_IMAGES_DIR")
+    rm = image_sub.add_parser("rm", help="remove an image (and the layers no other image has)")
+    rm.add_argument("name")
+    image.set_defaults(func=_image)
     doctor = sub.add_parser("doctor", help="check nsjail, cgroups and the jail's interpreter")
     doctor.set_defaults(func=_doctor)
     drain = sub.add_parser("drain", help="stop the local node taking work and wait for its steps (preStop hook)")

@@ -105,6 +105,17 @@ class NodeSettings(BaseSettings):
         "sandbox before it gets 504 (never 429: verl retries 504 only), and never longer than queue_timeout_s. "
         "Its run_timeout still fits in the compile + run + 10 s verl's client waits.",
     )
+    images_dir: str = Field(
+        "/var/lib/sandboxd/images",
+        description="The node's image store (sandboxd image import/list/rm): each layer unpacked once, shared "
+        "by the images that have it. Owned by root, 0700.",
+    )
+    image_max_layer_bytes: int = Field(
+        16 << 30, ge=1 << 20, description="Most bytes of file contents one image layer may unpack to."
+    )
+    image_max_layer_entries: int = Field(
+        1_000_000, ge=100, description="Most entries (files, directories, links) in one image layer."
+    )
     default_timeout_s: float = Field(10.0, gt=0, description="Execution time limit of a step that gives none.")
     max_timeout_s: float = Field(300.0, gt=0, description="Largest timeout_s a step may ask for.")
     max_batch: int = Field(1024, ge=1, description="Most steps in one POST /rollout/steps.")

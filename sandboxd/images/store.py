@@ -1,0 +1,205 @@
+"""The node's image store: layers unpacked once, by content, shared by every image that has them.
+
+    <root>/layers/<diff id hex>/fs      a layer's tree, as overlayfs stacks it (``unpack.py``)
+    <root>/layers/<diff id hex>/layer.json
+    <root>/images/<quoted name>.json    an image: its layers (lowest first) and the config a sandbox runs with
+    <root>/tmp/                         layers being unpacked (published by rename, never seen half-made)
+
+The root is the node's own (0700, root): nothing of an image (set-user-id files, devices a layer is refused
+for anyway) is reachable from the host's other users. One import or removal at a time (a lock file): a layer
+another image still names is never collected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from sandboxd.errors import BadRequest, NotFound
+from sandboxd.images.sources import ImageRefused, ImageSource, open_source
+from sandboxd.images.unpack import Limits, unpack
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9._\-/:@]{0,254}$")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What a sandbox of the image starts with (the image config's ``config``)."""
+
+    env: list[str] = field(default_factory=list)
+    working_dir: str = "/"
+    user: str = ""
+    entrypoint: list[str] = field(default_factory=list)
+    cmd: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> RunConfig:
+        c = config.get("config") or {}
+        return cls(
+            env=[str(e) for e in c.get("Env") or []],
+            working_dir=str(c.get("WorkingDir") or "/"),
+            user=str(c.get("User") or ""),
+            entrypoint=[str(a) for a in c.get("Entrypoint") or []],
+            cmd=[str(a) for a in c.get("Cmd") or []],
+        )
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str
+    id: str  # the config's digest: two names of one image have one id
+    architecture: str
+    layers: list[str]  # diff ids, lowest first
+    size: int  # bytes of file contents in its layers
+    run: RunConfig
+    imported_at: float
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ImageStore:
+    def __init__(self, root: Path, limits: Limits) -> None:
+        self.root, self.limits = root, limits
+
+    def _dirs(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.root, 0o700)
+        for sub in ("layers", "images", "tmp"):
+            (self.root / sub).mkdir(exist_ok=True, mode=0o700)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._dirs()
+        with open(self.root / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def layer_dir(self, diff_id: str) -> Path:
+        return self.root / "layers" / diff_id.removeprefix("sha256:") / "fs"
+
+    def _record(self, name: str) -> Path:
+        return self.root / "images" / (quote(name, safe="") + ".json")
+
+    def import_image(self, source: Path, name: str | None = None) -> Image:
+        """Import the image at ``source`` (``sources.py``) as ``name`` (default: the name it carries)."""
+        with open_source(source) as src, self._locked():
+            chosen = name or (src.names[0] if src.names else "")
+            if not chosen:
+                raise BadRequest(f"{source} carries no name: give one (sandboxd image import SRC --name NAME)")
+            if not NAME.match(chosen):
+                raise BadRequest(f"image name {chosen!r}: lowercase letters, digits and . _ - / : @, at most 255")
+            diff_ids = [str(d) for d in src.config["rootfs"]["diff_ids"]]
+            size = sum(self._layer(src, i, diff_id) for i, diff_id in enumerate(diff_ids))
+            image = Image(
+                chosen, src.config_digest, str(src.config["architecture"]), diff_ids, size,
+                RunConfig.of(src.config), time.time(),
+            )  # fmt: skip
+            self._write(self._record(chosen), image.describe())
+            self._collect()  # layers of an image this name held before
+            return image
+
+    def _layer(self, src: ImageSource, i: int, diff_id: str) -> int:
+        """The layer's bytes; unpacked now unless the store has it (from this image or any other)."""
+        home = self.root / "layers" / diff_id.removeprefix("sha256:")
+        if (home / "layer.json").is_file():
+            return int(json.loads((home / "layer.json").read_text())["bytes"])
+        work = Path(tempfile.mkdtemp(dir=self.root / "tmp"))
+        try:
+            (work / "fs").mkdir()
+            blob = src.layers[i]
+            with src.files.open(blob.path) as raw:
+                hashed = _Digesting(raw)
+                got = unpack(hashed, work / "fs", self.limits)  # type: ignore[arg-type]
+                while hashed.read(1 << 20):
+                    pass
+            if blob.digest is not None and hashed.digest() != blob.digest:
+                raise ImageRefused(f"layer {i} ({blob.path}) does not match its digest {blob.digest}")
+            if got.diff_id != diff_id:
+                raise ImageRefused(f"layer {i} ({blob.path}) is {got.diff_id}, not {diff_id} as the config says")
+            self._write(work / "layer.json", {"diff_id": diff_id, "entries": got.entries, "bytes": got.bytes})
+            os.rename(work, home)
+            return got.bytes
+        finally:
+            if work.exists():
+                _remove(work)
+
+    @staticmethod
+    def _write(path: Path, doc: dict[str, Any]) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+    def images(self) -> list[Image]:
+        found = []
+        for path in sorted((self.root / "images").glob("*.json")) if (self.root / "images").is_dir() else []:
+            doc = json.loads(path.read_text())
+            found.append(Image(**{**doc, "run": RunConfig(**doc["run"])}))
+        return found
+
+    def get(self, name: str) -> Image:
+        path = self._record(name)
+        if not path.is_file():
+            raise NotFound(f"no image {name!r} on this node (sandboxd image list)")
+        doc = json.loads(path.read_text())
+        return Image(**{**doc, "run": RunConfig(**doc["run"])})
+
+    def remove(self, name: str) -> None:
+        with self._locked():
+            path = self._record(name)
+            if not path.is_file():
+                raise NotFound(f"no image {name!r} on this node (sandboxd image list)")
+            path.unlink()
+            self._collect()
+
+    def _collect(self) -> None:
+        """Remove the layers no image names any more, and what an interrupted import left in tmp/."""
+        kept = {d.removeprefix("sha256:") for image in self.images() for d in image.layers}
+        for layer in (self.root / "layers").iterdir():
+            if layer.name not in kept:
+                _remove(layer)
+        for left in (self.root / "tmp").iterdir():
+            _remove(left)
+
+
+class _Digesting:
+    """The blob's bytes as read, hashed (its digest in the manifest)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.hash = raw, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self.raw.read(n)
+        self.hash.update(data)
+        return data
+
+    def digest(self) -> str:
+        return "sha256:" + self.hash.hexdigest()
+
+
+def _remove(path: Path) -> None:
+    """Remove a tree the store made, read-only directories and all."""
+
+    def writable(func: Any, p: str, _: Any) -> None:
+        os.chmod(os.path.dirname(p), 0o700)
+        func(p)
+
+    if path.is_dir() and not path.is_symlink():
+        for d, _, _ in os.walk(path):
+            with contextlib.suppress(OSError):
+                os.chmod(d, 0o700)
+        shutil.rmtree(path, onexc=writable)
+    else:
+        path.unlink(missing_ok=True)

@@ -1,0 +1,302 @@
+"""One image layer (a tar stream, plain or compressed) unpacked into a directory of its own, safely.
+
+The layer is written as overlayfs reads a lower layer (what containerd's overlay snapshotter keeps): a
+whiteout ``.wh.NAME`` becomes a 0:0 character device at ``NAME``, an opaque marker ``.wh..wh..opq`` the
+``trusted.overlay.opaque`` attribute on its directory, so the layers of an image stack as they are, and one
+layer directory serves every image that has it.
+
+Whatever the archive holds, nothing is written outside ``dest``: every path is resolved one component at a
+time with ``O_NOFOLLOW`` under ``dest`` (a link the layer made earlier is never followed, so ``etc -> /etc``
+then ``etc/passwd`` is refused, not written through), ``..`` that climbs out is refused, a hard link must
+name a file this layer holds, and device nodes are refused. The bytes written and the entries made are
+counted against limits as they arrive (a small archive that inflates without end is stopped there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gzip
+import hashlib
+import io
+import lzma
+import os
+import posixpath
+import stat
+import tarfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from sandboxd.errors import BadRequest
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+CHUNK = 1 << 20
+GZIP_MAGIC, XZ_MAGIC, ZSTD_MAGIC = b"\x1f\x8b", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd"
+
+
+class LayerRefused(BadRequest):
+    """A layer that cannot be unpacked safely or within its limits: the image's fault, named by its entry."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_bytes: int  # file contents written for one layer
+    max_entries: int  # entries (files, directories, links...) of one layer
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    diff_id: str  # sha256 of the uncompressed tar stream, as an image's config lists its layers
+    entries: int
+    bytes: int
+
+
+class _Hashing(io.RawIOBase):
+    """Reads ``inner`` and hashes what it read (the layer's uncompressed stream: its diff id)."""
+
+    def __init__(self, inner: BinaryIO) -> None:
+        self.inner = inner
+        self.digest = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: memoryview) -> int:  # type: ignore[override]
+        data = self.inner.read(len(buf))
+        n = len(data)
+        buf[:n] = data
+        self.digest.update(data)
+        return n
+
+
+def _decompressed(stream: BinaryIO) -> BinaryIO:
+    head = stream.read(6)
+    raw = io.BufferedReader(_Prefixed(head, stream), CHUNK)
+    if head.startswith(GZIP_MAGIC):
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if head.startswith(XZ_MAGIC):
+        return lzma.LZMAFile(raw, "rb")  # type: ignore[return-value]
+    if head.startswith(ZSTD_MAGIC):
+        raise LayerRefused("a zstd-compressed layer: not supported (gzip, xz and plain tar layers are)")
+    return raw
+
+
+class _Prefixed(io.RawIOBase):
+    """``head`` (bytes already read to sniff the compression), then the rest of ``stream``."""
+
+    def __init__(self, head: bytes, stream: BinaryIO) -> None:
+        self.head, self.stream = head, stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: memoryview) -> int:  # type: ignore[override]
+        if self.head:
+            n = min(len(buf), len(self.head))
+            buf[:n], self.head = self.head[:n], self.head[n:]
+            return n
+        data = self.stream.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+
+def _relative(name: str) -> str:
+    """The entry's path inside the layer ("" for its root); refused when it climbs out with ``..``."""
+    path = posixpath.normpath(name.lstrip("/"))  # "/a", "./a", "a/./b": inside the layer
+    if path == ".." or path.startswith("../"):
+        raise LayerRefused(f"entry {name!r} climbs out of the layer (..)")
+    return "" if path == "." else path
+
+
+class _Tree:
+    """``dest``, opened once; every path under it resolved component by component without following links."""
+
+    def __init__(self, dest: Path) -> None:
+        self.root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.dirs: list[tuple[str, int, int]] = []  # (path, mode, mtime): set once every entry is in
+
+    def close(self) -> None:
+        os.close(self.root)
+
+    def parent(self, rel: str, entry: str) -> tuple[int, str]:
+        """An open descriptor of ``rel``'s directory (made as needed) and ``rel``'s last component."""
+        parts = rel.split("/")
+        fd = os.dup(self.root)
+        try:
+            for part in parts[:-1]:
+                try:
+                    nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except FileNotFoundError:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise LayerRefused(f"entry {entry!r} goes through a link or a file ({part!r})") from None
+                    raise
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, parts[-1]
+
+    def open_dir(self, rel: str) -> int:
+        """An open descriptor of the directory ``rel`` ("" for the root), reached without following links."""
+        if not rel:
+            return os.dup(self.root)
+        fd, name = self.parent(rel, rel)
+        try:
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def clear(fd: int, name: str, keep_dir: bool = False) -> None:
+        """Make room for an entry: a later entry of the same path replaces an earlier one, as tar does."""
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(st.st_mode):
+            if keep_dir:
+                return
+            _remove_tree(fd, name)
+        else:
+            os.unlink(name, dir_fd=fd)
+
+
+def _remove_tree(fd: int, name: str) -> None:
+    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    try:
+        for entry in os.listdir(sub):
+            st = os.stat(entry, dir_fd=sub, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                _remove_tree(sub, entry)
+            else:
+                os.unlink(entry, dir_fd=sub)
+    finally:
+        os.close(sub)
+    os.rmdir(name, dir_fd=fd)
+
+
+def unpack(stream: BinaryIO, dest: Path, limits: Limits) -> Unpacked:
+    """Unpack the layer in ``stream`` into the empty directory ``dest``; its diff id and size."""
+    hashing = _Hashing(_decompressed(stream))
+    tree = _Tree(dest)
+    entries = written = 0
+    try:
+        with tarfile.open(fileobj=io.BufferedReader(hashing, CHUNK), mode="r|") as archive:
+            for member in archive:
+                entries += 1
+                if entries > limits.max_entries:
+                    raise LayerRefused(f"the layer has more than {limits.max_entries} entries (its limit)")
+                written += _entry(archive, member, tree, limits.max_bytes - written)
+        while hashing.read(CHUNK):  # the end-of-archive padding is part of the diff id too
+            pass
+        for rel, mode, mtime in reversed(tree.dirs):  # children before parents: a read-only parent last
+            fd = tree.open_dir(rel)
+            try:
+                os.fchmod(fd, mode)
+                os.utime(fd, (mtime, mtime))
+            finally:
+                os.close(fd)
+    except (EOFError, tarfile.TarError, zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
+        raise LayerRefused(f"a broken layer: {exc}") from None
+    finally:
+        tree.close()
+    return Unpacked("sha256:" + hashing.digest.hexdigest(), entries, written)
+
+
+def _entry(archive: tarfile.TarFile, m: tarfile.TarInfo, tree: _Tree, room: int) -> int:
+    """Write one entry; the bytes it wrote."""
+    rel = _relative(m.name)
+    if not rel:  # the layer's root itself ("./"): only its mode and time
+        if m.isdir():
+            tree.dirs.append(("", m.mode & 0o7777, int(m.mtime)))
+        return 0
+    fd, name = tree.parent(rel, m.name)
+    try:
+        if name == OPAQUE:  # its directory hides what lower layers have there
+            os.setxattr(fd, "trusted.overlay.opaque", b"y")
+            return 0
+        if name.startswith(WHITEOUT):  # NAME is deleted: overlayfs's whiteout, a 0:0 character device
+            hidden = name[len(WHITEOUT) :]
+            if hidden in ("", ".", ".."):
+                raise LayerRefused(f"entry {m.name!r} is a whiteout of nothing")
+            tree.clear(fd, hidden)
+            os.mknod(hidden, stat.S_IFCHR, os.makedev(0, 0), dir_fd=fd)
+            return 0
+        if m.isdir():
+            tree.clear(fd, name, keep_dir=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700, dir_fd=fd)
+            os.chown(name, m.uid, m.gid, dir_fd=fd, follow_symlinks=False)
+            tree.dirs.append((rel, m.mode & 0o7777, int(m.mtime)))  # set once its entries are in
+            return 0
+        tree.clear(fd, name)
+        if m.isfile():
+            return _write(archive, m, fd, name, room)
+        if m.issym():
+            os.symlink(m.linkname, name, dir_fd=fd)  # its target is only text here: nothing follows it
+        elif m.islnk():
+            _hard_link(m, tree, fd, name)
+            return 0
+        elif m.isfifo():
+            os.mkfifo(name, 0o600, dir_fd=fd)
+            node = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                os.fchmod(node, m.mode & 0o7777)
+            finally:
+                os.close(node)
+        elif m.ischr() or m.isblk():
+            raise LayerRefused(f"entry {m.name!r} is a device node: refused")
+        else:
+            raise LayerRefused(f"entry {m.name!r} is of a kind a layer may not hold (tar type {m.type!r})")
+        os.chown(name, m.uid, m.gid, dir_fd=fd, follow_symlinks=False)
+        os.utime(name, (int(m.mtime), int(m.mtime)), dir_fd=fd, follow_symlinks=False)
+        return 0
+    finally:
+        os.close(fd)
+
+
+def _write(archive: tarfile.TarFile, m: tarfile.TarInfo, fd: int, name: str, room: int) -> int:
+    """A regular file's contents, counted against what the layer may still write."""
+    if m.size > room:
+        raise LayerRefused(f"the layer's files pass their limit at {m.name!r} ({m.size} bytes, {room} left)")
+    source = archive.extractfile(m)
+    assert source is not None
+    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
+    size = 0
+    try:
+        while chunk := source.read(CHUNK):
+            size += len(chunk)
+            if size > room:
+                raise LayerRefused(f"the layer's files pass their limit at {m.name!r}")
+            os.write(out, chunk)
+        os.fchown(out, m.uid, m.gid)
+        os.fchmod(out, m.mode & 0o7777)  # after chown, which clears set-user-id bits
+        os.utime(out, (int(m.mtime), int(m.mtime)))
+    finally:
+        os.close(out)
+    return size
+
+
+def _hard_link(m: tarfile.TarInfo, tree: _Tree, fd: int, name: str) -> None:
+    """A hard link to a file this layer already holds (found without following any link)."""
+    src = _relative(m.linkname)
+    if not src:
+        raise LayerRefused(f"entry {m.name!r} is a hard link to the layer's root")
+    sfd, sname = tree.parent(src, m.name)
+    try:
+        os.link(sname, name, src_dir_fd=sfd, dst_dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        raise LayerRefused(
+            f"entry {m.name!r} is a hard link to {m.linkname!r}, which this layer does not hold"
+        ) from None
+    except IsADirectoryError:
+        raise LayerRefused(f"entry {m.name!r} is a hard link to a directory") from None
+    finally:
+        os.close(sfd)
