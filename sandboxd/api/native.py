@@ -6,6 +6,7 @@ written as a string would not resolve.
 """
 
 import asyncio
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
@@ -17,6 +18,8 @@ from sandboxd.errors import BadRequest
 from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
 from sandboxd.front.surfaces import Surface, json_response, native_error, retry_headers
+from sandboxd.images.store import ImageStore
+from sandboxd.images.unpack import Limits
 from sandboxd.models import (
     BatchRequest,
     BatchResult,
@@ -41,7 +44,7 @@ from sandboxd.runners.base import validation_message
 COMMON = (401, 408, 413, 422, 500)
 # Its hot routes (a step, a batch, a session's creation, look-up and close) are served by the front door itself
 # (front/protocol.py), in this shape too.
-SURFACE = Surface("native", native_error, prefixes=(b"/rollout/", b"/sessions", b"/runners"))
+SURFACE = Surface("native", native_error, prefixes=(b"/rollout/", b"/sessions", b"/runners", b"/images"))
 
 
 def router(gateway: Gateway, auth: Auth) -> APIRouter:
@@ -179,5 +182,14 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             # Off the event loop: a kind may probe the host the first time (the code kind's toolchains).
             body.update(await asyncio.to_thread(k.describe, gateway.settings.runner_config(kind)))
         return json_response(body)
+
+    @api.get("/images", responses=error_responses(*COMMON), tags=["images"])
+    async def list_images(_: Tenant) -> Response:
+        """The container images on this node (``sandboxd image import``): each name, id, layers, size and the
+        configuration a sandbox of it starts with."""
+        s = gateway.settings
+        store = ImageStore(Path(s.images_dir), Limits(s.image_max_layer_bytes, s.image_max_layer_entries))
+        images = await asyncio.to_thread(store.images)
+        return json_response({"images": [image.describe() for image in images]})
 
     return api
