@@ -145,6 +145,9 @@ def _env(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+IMPORT_MAX_ADDRESS_SPACE = 4 << 30
+
+
 def _image(args: argparse.Namespace) -> int:
     """Import, list or remove the node's container images (``sandboxd/images``)."""
     from pathlib import Path
@@ -158,6 +161,13 @@ def _image(args: argparse.Namespace) -> int:
     store = ImageStore(Path(s.images_dir), Limits(s.image_max_layer_bytes, s.image_max_layer_entries))
     try:
         if args.image_command == "import":
+            # Python's tarfile holds a layer's headers (long names, PAX records, sparse maps) in memory whole:
+            # an import gets an address-space limit, past which its layer is refused, not the host's memory.
+            import resource
+
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            cap = IMPORT_MAX_ADDRESS_SPACE if hard == resource.RLIM_INFINITY else min(hard, IMPORT_MAX_ADDRESS_SPACE)
+            resource.setrlimit(resource.RLIMIT_AS, (min(soft, cap) if soft != resource.RLIM_INFINITY else cap, hard))
             image = store.import_image(Path(args.source), args.name)
             print(f"{image.name}: {len(image.layers)} layers, {image.size} bytes, id {image.id}")
         elif args.image_command == "rm":

@@ -23,7 +23,7 @@ import pytest
 from sandboxd.errors import BadRequest, NotFound
 from sandboxd.images.sources import ARCH
 from sandboxd.images.store import ImageStore
-from sandboxd.images.unpack import Limits
+from sandboxd.images.unpack import Limits, remove_tree
 
 LIMITS = Limits(max_bytes=8 << 20, max_entries=1000)
 Entry = tuple[Any, ...]
@@ -41,6 +41,7 @@ def layer(*entries: Entry) -> bytes:
             if kind == "file":
                 data = rest[0]
                 info.size, info.mode = len(data), rest[1] if len(rest) > 1 else 0o644
+                info.uid = rest[2] if len(rest) > 2 else 0
             elif kind == "dir":
                 info.type, info.mode = tarfile.DIRTYPE, rest[0] if rest else 0o755
             elif kind == "sym":
@@ -53,6 +54,15 @@ def layer(*entries: Entry) -> bytes:
                 info.type = tarfile.FIFOTYPE
             tar.addfile(info, io.BytesIO(data) if data is not None else None)
     return out.getvalue()
+
+
+def chained_pax_headers(n: int) -> bytes:
+    """``n`` PAX extended headers in a row before one file: Python's tarfile reads each by calling itself."""
+    record = b"20 comment=xxxxxxxx\n"
+    head = tarfile.TarInfo("PaxHeader")
+    head.type, head.size = tarfile.XHDTYPE, len(record)
+    block = head.tobuf(tarfile.USTAR_FORMAT) + record.ljust(512, b"\0")
+    return block * n + layer(("file", "f", b"x"))
 
 
 def sha(data: bytes) -> str:
@@ -218,6 +228,12 @@ HOSTILE = {
     "device node": (layer(("chr", "dev/mem")), "device node"),
     "too many entries": (layer(*[("file", f"f{i}", b"") for i in range(1001)]), "more than 1000 entries"),
     "not a tar": (b"just some bytes that are no archive at all" * 20, "not a tar|broken layer"),
+    # Found by a red team: each escaped as another exception (a 500), or ran without bound.
+    "chained headers": (chained_pax_headers(3000), "chain without end"),
+    "too deep": (layer(("file", "d/" * 300 + "f", b"x")), "256 levels"),
+    "owner out of range": (layer(("file", "f", b"x", 0o644, 1 << 40)), "outside 0.."),
+    "hard link to a directory": (layer(("dir", "d"), ("link", "x", "d")), "hard link to a directory"),
+    "runs on past its end": (layer(("file", "f", b"x")) + bytes(2 << 20), "past its end"),
 }
 
 
@@ -286,3 +302,55 @@ def test_the_cli_imports_lists_and_removes(tmp_path: Path) -> None:
     assert r.returncode == 1 and "no image 'tools/demo:2'" in r.stderr
     assert "no images" in cli("list").stdout
     assert stat.S_IMODE(os.stat(tmp_path / "store").st_mode) == 0o700
+
+
+def test_a_layer_may_replace_its_own_directory_and_the_store_removes_any_depth(
+    store: ImageStore, tmp_path: Path
+) -> None:
+    """Tar's rule, a later entry of a path replaces an earlier one, holds for a directory replaced by a link or
+    a file; and a tree thousands of levels deep (what a refused import could leave) is removed without
+    recursion."""
+    replaced = layer(
+        ("dir", "d", 0o500), ("file", "d/f", b"x"), ("sym", "d", "elsewhere"), ("dir", "e"), ("file", "e", b"!")
+    )
+    image = store.import_image(oci_layout(tmp_path / "oci", [replaced]))
+    fs = store.layer_dir(image.layers[0])
+    assert os.readlink(fs / "d") == "elsewhere" and (fs / "e").read_bytes() == b"!"
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(3000):  # past PATH_MAX: made one level at a time
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(fd)
+    parent = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        remove_tree(parent, "deep")
+    finally:
+        os.close(parent)
+    assert not deep.exists()
+
+
+def test_a_source_of_the_wrong_shape_is_refused_by_name(store: ImageStore, tmp_path: Path) -> None:
+    """Found by a red team: JSON of the wrong shape, a blob that is a directory or a FIFO (which hung the import),
+    a tampered blob of a layer the store already holds."""
+    src = oci_layout(tmp_path / "oci", [BASE])
+    (src / "index.json").write_text(json.dumps({"manifests": [5]}))
+    with pytest.raises(BadRequest, match="malformed image metadata"):
+        store.import_image(src)
+    for kind in ("dir", "fifo"):
+        src = oci_layout(tmp_path / kind, [BASE])
+        blob = next(p for p in (src / "blobs" / "sha256").iterdir() if p.read_bytes()[:2] == b"\x1f\x8b")
+        blob.unlink()
+        blob.mkdir() if kind == "dir" else os.mkfifo(blob)
+        with pytest.raises(BadRequest, match="not a regular file"):
+            store.import_image(src)
+    store.import_image(oci_layout(tmp_path / "good", [BASE], ref="good:1"))
+    src = oci_layout(tmp_path / "tampered", [BASE], ref="tampered:1")
+    blob = next(p for p in (src / "blobs" / "sha256").iterdir() if p.read_bytes()[:2] == b"\x1f\x8b")
+    blob.write_bytes(gzip.compress(layer(("file", "other", b"?")), mtime=0))
+    with pytest.raises(BadRequest, match="does not match its digest"):
+        store.import_image(src)
+    assert [i.name for i in store.images()] == ["good:1"]

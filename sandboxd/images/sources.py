@@ -10,7 +10,9 @@ import json
 import os
 import platform
 import re
+import stat
 import tarfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ INDEX_TYPES = {
     "application/vnd.oci.image.index.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
 }
+MAX_ARCHIVE_MEMBERS = 100_000  # files in an image archive: an image has a handful per layer
 MAX_JSON_BYTES = 16 << 20  # a manifest, an index or a config larger than this is not one
 ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 
@@ -52,6 +55,8 @@ class Files:
     def __init__(self, path: Path, archive: tarfile.TarFile | None) -> None:
         self.path, self.archive = path, archive
         self.members = {m.name.removeprefix("./"): m for m in archive.getmembers()} if archive else {}
+        if len(self.members) > MAX_ARCHIVE_MEMBERS:
+            raise ImageRefused(f"{path} holds more than {MAX_ARCHIVE_MEMBERS} files: not an image archive")
 
     def exists(self, rel: str) -> bool:
         if self.archive is not None:
@@ -75,10 +80,18 @@ class Files:
                 yield stream
             return
         try:
-            with open(self._local(rel), "rb") as f:
-                yield f
+            # Non-blocking: a FIFO planted as a blob must not hang the import; only a regular file is read.
+            fd = os.open(self._local(rel), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise ImageRefused(f"the image layout has no file {rel!r}") from None
+        except (OSError, ValueError) as exc:
+            raise ImageRefused(f"the image layout's {rel!r} cannot be read: {exc}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ImageRefused(f"the image layout's {rel!r} is not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            yield f
 
     def json(self, rel: str, digest: str | None = None) -> Any:
         with self.open(rel) as f:
@@ -109,13 +122,25 @@ def open_source(path: Path) -> Iterator[ImageSource]:
         raise ImageRefused(f"{path}: no such directory or archive")
     try:
         archive = tarfile.open(path, "r:*")  # noqa: SIM115  # closed below, once the caller is done with it
-    except tarfile.TarError as exc:
-        raise ImageRefused(f"{path}: not an OCI layout or a docker save archive ({exc})") from None
+    except (tarfile.TarError, EOFError, zlib.error, RecursionError, MemoryError) as exc:
+        raise ImageRefused(f"{path}: not an OCI layout or a docker save archive ({type(exc).__name__})") from None
     with archive:
-        yield _read(Files(path, archive))
+        try:
+            files = Files(path, archive)
+        except (tarfile.TarError, EOFError, zlib.error, RecursionError, MemoryError) as exc:
+            raise ImageRefused(f"{path}: a broken archive ({type(exc).__name__}: {exc})") from None
+        yield _read(files)
 
 
 def _read(files: Files) -> ImageSource:
+    """The source's image; metadata of the wrong shape (JSON that is not what the spec says) refused by name."""
+    try:
+        return _shaped(files)
+    except (TypeError, AttributeError, KeyError, ValueError, RecursionError) as exc:
+        raise ImageRefused(f"{files.path}: malformed image metadata ({type(exc).__name__}: {exc})") from None
+
+
+def _shaped(files: Files) -> ImageSource:
     if files.exists("manifest.json") and not files.exists("index.json"):
         return _docker_save(files)
     if files.exists("index.json"):

@@ -18,20 +18,18 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from sandboxd.errors import BadRequest, NotFound
 from sandboxd.images.sources import ImageRefused, ImageSource, open_source
-from sandboxd.images.unpack import Limits, unpack
+from sandboxd.images.unpack import Limits, remove_tree, unpack
 
-NAME = re.compile(r"^[a-z0-9][a-z0-9._\-/:@]{0,254}$")
+NAME = re.compile(r"[a-z0-9][a-z0-9._\-/:@]{0,254}")  # matched whole (fullmatch): no trailing newline
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,8 @@ class ImageStore:
         return self.root / "layers" / diff_id.removeprefix("sha256:") / "fs"
 
     def _record(self, name: str) -> Path:
-        return self.root / "images" / (quote(name, safe="") + ".json")
+        """Its file, by a digest of the name: any name fits a file name (the record holds the name itself)."""
+        return self.root / "images" / (hashlib.sha256(name.encode(errors="surrogateescape")).hexdigest() + ".json")
 
     def import_image(self, source: Path, name: str | None = None) -> Image:
         """Import the image at ``source`` (``sources.py``) as ``name`` (default: the name it carries)."""
@@ -99,27 +98,39 @@ class ImageStore:
             chosen = name or (src.names[0] if src.names else "")
             if not chosen:
                 raise BadRequest(f"{source} carries no name: give one (sandboxd image import SRC --name NAME)")
-            if not NAME.match(chosen):
+            if not isinstance(chosen, str) or not NAME.fullmatch(chosen):
                 raise BadRequest(f"image name {chosen!r}: lowercase letters, digits and . _ - / : @, at most 255")
+            try:
+                run = RunConfig.of(src.config)
+            except (TypeError, AttributeError, ValueError) as exc:
+                raise ImageRefused(f"{source}: the image's run configuration is malformed ({exc})") from None
             diff_ids = [str(d) for d in src.config["rootfs"]["diff_ids"]]
-            size = sum(self._layer(src, i, diff_id) for i, diff_id in enumerate(diff_ids))
-            image = Image(
-                chosen, src.config_digest, str(src.config["architecture"]), diff_ids, size,
-                RunConfig.of(src.config), time.time(),
-            )  # fmt: skip
-            self._write(self._record(chosen), image.describe())
-            self._collect()  # layers of an image this name held before
+            try:
+                size = sum(self._layer(src, i, diff_id) for i, diff_id in enumerate(diff_ids))
+                image = Image(
+                    chosen, src.config_digest, str(src.config["architecture"]), diff_ids, size, run, time.time()
+                )
+                self._write(self._record(chosen), image.describe())
+            finally:
+                self._collect()  # layers this import made that no image names (it failed), or a replaced image's
             return image
 
     def _layer(self, src: ImageSource, i: int, diff_id: str) -> int:
         """The layer's bytes; unpacked now unless the store has it (from this image or any other)."""
         home = self.root / "layers" / diff_id.removeprefix("sha256:")
+        blob = src.layers[i]
         if (home / "layer.json").is_file():
+            if blob.digest is not None:  # the store has it; the source's blob must still be what it says
+                with src.files.open(blob.path) as raw:
+                    hashed = _Digesting(raw)
+                    while hashed.read(1 << 20):
+                        pass
+                if hashed.digest() != blob.digest:
+                    raise ImageRefused(f"layer {i} ({blob.path}) does not match its digest {blob.digest}")
             return int(json.loads((home / "layer.json").read_text())["bytes"])
         work = Path(tempfile.mkdtemp(dir=self.root / "tmp"))
         try:
             (work / "fs").mkdir()
-            blob = src.layers[i]
             with src.files.open(blob.path) as raw:
                 hashed = _Digesting(raw)
                 got = unpack(hashed, work / "fs", self.limits)  # type: ignore[arg-type]
@@ -190,16 +201,12 @@ class _Digesting:
 
 
 def _remove(path: Path) -> None:
-    """Remove a tree the store made, read-only directories and all."""
-
-    def writable(func: Any, p: str, _: Any) -> None:
-        os.chmod(os.path.dirname(p), 0o700)
-        func(p)
-
+    """Remove a tree the store made (read-only directories, any depth, links left unfollowed)."""
     if path.is_dir() and not path.is_symlink():
-        for d, _, _ in os.walk(path):
-            with contextlib.suppress(OSError):
-                os.chmod(d, 0o700)
-        shutil.rmtree(path, onexc=writable)
+        parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            remove_tree(parent, path.name)
+        finally:
+            os.close(parent)
     else:
         path.unlink(missing_ok=True)

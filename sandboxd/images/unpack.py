@@ -34,6 +34,13 @@ from sandboxd.errors import BadRequest
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 CHUNK = 1 << 20
+MAX_PATH_BYTES = 4095  # PATH_MAX, less its NUL
+MAX_DEPTH = 256  # levels of one path
+MAX_ID = (1 << 32) - 1  # uid and gid: (uid_t)-1 means "unchanged" to chown
+MAX_MTIME = 1 << 40  # seconds: past any real date, within what utime takes
+MAX_TRAILING_BYTES = 1 << 20  # after the end-of-archive blocks: padding, not a second payload
+# What an unpacking may fail with that is the node's, not the layer's: passed on as it is.
+NODE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.ENOMEM, errno.EMFILE, errno.ENFILE}
 GZIP_MAGIC, XZ_MAGIC, ZSTD_MAGIC = b"\x1f\x8b", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd"
 
 
@@ -104,10 +111,13 @@ class _Prefixed(io.RawIOBase):
 
 
 def _relative(name: str) -> str:
-    """The entry's path inside the layer ("" for its root); refused when it climbs out with ``..``."""
+    """The entry's path inside the layer ("" for its root); refused when it climbs out with ``..``, or is
+    longer or deeper than a path may be (each entry is resolved component by component: depth is work)."""
     path = posixpath.normpath(name.lstrip("/"))  # "/a", "./a", "a/./b": inside the layer
     if path == ".." or path.startswith("../"):
-        raise LayerRefused(f"entry {name!r} climbs out of the layer (..)")
+        raise LayerRefused(f"entry {name[:200]!r} climbs out of the layer (..)")
+    if len(path.encode(errors="surrogateescape")) > MAX_PATH_BYTES or path.count("/") >= MAX_DEPTH:
+        raise LayerRefused(f"entry {name[:200]!r}... is longer than {MAX_PATH_BYTES} bytes or {MAX_DEPTH} levels")
     return "" if path == "." else path
 
 
@@ -117,6 +127,7 @@ class _Tree:
     def __init__(self, dest: Path) -> None:
         self.root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         self.dirs: list[tuple[str, int, int]] = []  # (path, mode, mtime): set once every entry is in
+        self.made = 0  # directories made for entries whose parents the layer did not list: entries too
 
     def close(self) -> None:
         os.close(self.root)
@@ -131,6 +142,7 @@ class _Tree:
                     nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                 except FileNotFoundError:
                     os.mkdir(part, 0o755, dir_fd=fd)
+                    self.made += 1
                     nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
@@ -163,23 +175,47 @@ class _Tree:
         if stat.S_ISDIR(st.st_mode):
             if keep_dir:
                 return
-            _remove_tree(fd, name)
+            remove_tree(fd, name)
         else:
             os.unlink(name, dir_fd=fd)
 
 
-def _remove_tree(fd: int, name: str) -> None:
-    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(parent_fd: int, name: str) -> None:
+    """Remove the directory ``name`` under ``parent_fd`` and all it holds, following no link, with no recursion
+    and one descriptor at a time: a layer may nest ten thousand levels in a few hundred bytes."""
+    names = [name]
+    cur = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     try:
-        for entry in os.listdir(sub):
-            st = os.stat(entry, dir_fd=sub, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                _remove_tree(sub, entry)
-            else:
-                os.unlink(entry, dir_fd=sub)
+        while True:
+            child = None
+            with os.scandir(cur) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        child = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=cur)
+            if child is not None:
+                nxt = os.open(child, DIR_FLAGS, dir_fd=cur)
+                os.close(cur)
+                cur = nxt
+                names.append(child)
+                continue
+            done = names.pop()
+            if not names:
+                os.close(cur)
+                cur = -1
+                os.rmdir(done, dir_fd=parent_fd)
+                return
+            up = os.open("..", DIR_FLAGS, dir_fd=cur)  # ".." is never a link
+            os.close(cur)
+            cur = up
+            os.rmdir(done, dir_fd=cur)
     finally:
-        os.close(sub)
-    os.rmdir(name, dir_fd=fd)
+        if cur >= 0:
+            os.close(cur)
 
 
 def unpack(stream: BinaryIO, dest: Path, limits: Limits) -> Unpacked:
@@ -187,17 +223,26 @@ def unpack(stream: BinaryIO, dest: Path, limits: Limits) -> Unpacked:
     hashing = _Hashing(_decompressed(stream))
     tree = _Tree(dest)
     entries = written = 0
+    member: tarfile.TarInfo | None = None
     try:
         with tarfile.open(fileobj=io.BufferedReader(hashing, CHUNK), mode="r|") as archive:
             for member in archive:
+                archive.members.clear()  # type: ignore[attr-defined]  # a stream keeps no entries: many would pile up
                 entries += 1
-                if entries > limits.max_entries:
+                if entries + tree.made > limits.max_entries:
                     raise LayerRefused(f"the layer has more than {limits.max_entries} entries (its limit)")
                 written += _entry(archive, member, tree, limits.max_bytes - written)
-        while hashing.read(CHUNK):  # the end-of-archive padding is part of the diff id too
-            pass
+        member = None
+        trailing = 0
+        while chunk := hashing.read(CHUNK):  # the end-of-archive padding is part of the diff id too
+            trailing += len(chunk)
+            if trailing > MAX_TRAILING_BYTES:
+                raise LayerRefused(f"the layer goes on for more than {MAX_TRAILING_BYTES} bytes past its end")
         for rel, mode, mtime in reversed(tree.dirs):  # children before parents: a read-only parent last
-            fd = tree.open_dir(rel)
+            try:
+                fd = tree.open_dir(rel)
+            except (LayerRefused, NotADirectoryError, FileNotFoundError):
+                continue  # replaced later in the layer by a file, a link or a whiteout: that one stands
             try:
                 os.fchmod(fd, mode)
                 os.utime(fd, (mtime, mtime))
@@ -205,6 +250,18 @@ def unpack(stream: BinaryIO, dest: Path, limits: Limits) -> Unpacked:
                 os.close(fd)
     except (EOFError, tarfile.TarError, zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
         raise LayerRefused(f"a broken layer: {exc}") from None
+    except RecursionError:
+        raise LayerRefused("a layer whose tar headers chain without end") from None
+    except MemoryError:
+        raise LayerRefused("a layer whose tar headers do not fit in memory") from None
+    except (ValueError, OverflowError) as exc:
+        where = f"entry {member.name[:200]!r}: " if member is not None else ""
+        raise LayerRefused(f"{where}{exc}") from None
+    except OSError as exc:
+        if exc.errno in NODE_ERRNOS:
+            raise
+        where = f"entry {member.name[:200]!r}: " if member is not None else ""
+        raise LayerRefused(f"{where}{exc.strerror or exc}") from None
     finally:
         tree.close()
     return Unpacked("sha256:" + hashing.digest.hexdigest(), entries, written)
@@ -213,6 +270,10 @@ def unpack(stream: BinaryIO, dest: Path, limits: Limits) -> Unpacked:
 def _entry(archive: tarfile.TarFile, m: tarfile.TarInfo, tree: _Tree, room: int) -> int:
     """Write one entry; the bytes it wrote."""
     rel = _relative(m.name)
+    if not (0 <= m.uid < MAX_ID and 0 <= m.gid < MAX_ID):
+        raise LayerRefused(f"entry {m.name[:200]!r} has owner {m.uid}:{m.gid}, outside 0..{MAX_ID - 1}")
+    if not (isinstance(m.mtime, int | float) and 0 <= m.mtime < MAX_MTIME):  # nan fails both comparisons
+        m.mtime = 0
     if not rel:  # the layer's root itself ("./"): only its mode and time
         if m.isdir():
             tree.dirs.append(("", m.mode & 0o7777, int(m.mtime)))
@@ -296,7 +357,7 @@ def _hard_link(m: tarfile.TarInfo, tree: _Tree, fd: int, name: str) -> None:
         raise LayerRefused(
             f"entry {m.name!r} is a hard link to {m.linkname!r}, which this layer does not hold"
         ) from None
-    except IsADirectoryError:
+    except (IsADirectoryError, PermissionError):
         raise LayerRefused(f"entry {m.name!r} is a hard link to a directory") from None
     finally:
         os.close(sfd)
