@@ -60,7 +60,8 @@ slow=(--timeout-s 30)
 # The same longer limits for every node the tests start (tests/conftest.py reads them): a compile of C++'s
 # iostream and a browser's page load take seconds here, past the host's 20 s and 500 ms defaults.
 slow_env=(SANDBOXD_WORKER_START_TIMEOUT_S=1800 SANDBOXD_PYTHON__JAIL_START_TIMEOUT_S=600
-  SANDBOXD_CODE__JAIL_START_TIMEOUT_S=600 SANDBOXD_CODE__COMPILE_TIMEOUT_S=60 SANDBOXD_BROWSER__ACTION_TIMEOUT_MS=10000)
+  SANDBOXD_CODE__JAIL_START_TIMEOUT_S=600 SANDBOXD_CODE__COMPILE_TIMEOUT_S=60 SANDBOXD_BROWSER__ACTION_TIMEOUT_MS=10000
+  SANDBOXD_SQL__ENGINE_START_TIMEOUT_S=600)
 export SANDBOXD_TEST_NODE_SETTINGS="${slow_env[*]}" SANDBOXD_TEST_NODE_START_S=1800
 env SANDBOXD_PORT=8090 "${slow_env[@]}" .venv/bin/sandboxd serve > "$SHARE/serve.log" 2>&1 &
 node=$!

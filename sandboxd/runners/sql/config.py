@@ -53,6 +53,13 @@ class SQLRunnerConfig(RunnerConfig):
         le=30,
         description="How long a statement interrupted at its timeout may take to stop before its engine is killed.",
     )
+    engine_start_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        description="An engine the fork server has not made (forked, database open, privileges dropped) this long "
+        "after it was asked failed to start. Raise it on slow machines: an emulated guest sharing its host with "
+        "another took longer, and its workers did not start.",
+    )
     cgroup_mount: str = Field("/sys/fs/cgroup", description="Where the cgroup file systems are mounted.")
 
     def pool_reservation(self) -> Reservation:

@@ -29,7 +29,6 @@ from sandboxd.runners.cgroups import CgroupGroup
 from sandboxd.runners.sql.engine import SPILL_DIR
 from sandboxd.spawn import Child, spawn
 
-SPAWN_TIMEOUT_S = 20.0  # fork + opening the database; generous for a loaded machine
 MAX_SPILL_ENTRIES = 10_000
 
 
@@ -140,8 +139,9 @@ def _recv_fds(sock: socket.socket, bufsize: int, maxfds: int) -> tuple[bytes, li
 class EngineHost:
     """The worker's fork server of DuckDB engines (one per worker; it runs no statement itself)."""
 
-    def __init__(self, config: dict[str, Any], temp_root: Path, frame_limit: int) -> None:
+    def __init__(self, config: dict[str, Any], temp_root: Path, frame_limit: int, start_timeout_s: float) -> None:
         self.config = config
+        self.start_timeout_s = start_timeout_s  # fork + opening the database
         self.temp_root = temp_root
         self.frame_limit = frame_limit
         self.proc: Child | None = None
@@ -161,7 +161,7 @@ class EngineHost:
             )
         finally:
             theirs.close()
-        ours.settimeout(SPAWN_TIMEOUT_S)
+        ours.settimeout(self.start_timeout_s)
         self.ctl = ours
 
     def alive(self) -> bool:
@@ -193,7 +193,7 @@ class EngineHost:
             raise SandboxSetupError(f"sql engine socket: {exc}") from exc
         engine = Engine(name, pid, pidfd, reader, writer, cgroup, temp_dir, self.frame_limit)
         try:
-            ready = await asyncio.wait_for(read_frame(reader, self.frame_limit), SPAWN_TIMEOUT_S)
+            ready = await asyncio.wait_for(read_frame(reader, self.frame_limit), self.start_timeout_s)
         except (TimeoutError, EngineGone):
             ready = None
         if not ready or not ready.get("ready"):

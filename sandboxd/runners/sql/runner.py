@@ -96,6 +96,7 @@ class SQLRunner:
             },
             self.temp_root,
             frame_limit=2 * max(self.cfg.max_result_bytes, self.cfg.fork_max_state_bytes) + (1 << 20),
+            start_timeout_s=self.cfg.engine_start_timeout_s,
         )
         await self.host.start()
         engines = await asyncio.gather(*(self._spawn("slot") for _ in range(self.cfg.slots_per_worker)))
