@@ -88,7 +88,10 @@ SHARE=$(mktemp -d /var/tmp/sandboxd-vm-run.XXXXXX)
 # emulation, and a second run of the same set-up need not fetch it again.
 DOWNLOADS=$CACHE/downloads-$ARCH
 mkdir -p "$DOWNLOADS"
-trap 'rm -rf "$SHARE"' EXIT
+# The run's logs outlive its share: the guest's (stages, smoke checks, pytest), the smoke node's, the console.
+KEEP=$CACHE/last-$ARCH-$KERNEL
+keep() { rm -rf "$KEEP"; mkdir -p "$KEEP"; cp "$SHARE"/{guest.log,serve.log,console.log,junit.xml,result} "$KEEP"/ 2> /dev/null; rm -rf "$SHARE"; }
+trap keep EXIT
 git clone -q --bare "$ROOT" "$SHARE/src.git"
 cp "$ROOT/scripts/vm/guest.sh" "$SHARE/guest.sh"
 cp "${SANDBOXD_VM_CA:-/etc/ssl/certs/ca-certificates.crt}" "$SHARE/ca.crt"
@@ -117,6 +120,7 @@ timeout "${SANDBOXD_VM_TIMEOUT:-10800}" "$QEMU" "${accel[@]}" -m "${SANDBOXD_VM_
   -display none -serial "file:$SHARE/console.log" -no-reboot < /dev/null || log "qemu ended with rc=$?"
 log "the guest ran $((SECONDS - t))s"
 [[ -f $SHARE/guest.log ]] && cat "$SHARE/guest.log" || tail -60 "$SHARE/console.log"
+log "the run's logs are kept in $KEEP"
 if grep -q "Kernel panic" "$SHARE/console.log" 2> /dev/null; then  # panic=1: the guest reboots, QEMU ends
   echo "the guest's kernel panicked:"
   grep -m1 -B2 -A12 "Oops\|BUG:" "$SHARE/console.log"
