@@ -61,13 +61,16 @@ slow=(--timeout-s 30)
 # iostream and a browser's page load take seconds here, past the host's 20 s and 500 ms defaults.
 slow_env=(SANDBOXD_WORKER_START_TIMEOUT_S=1800 SANDBOXD_PYTHON__JAIL_START_TIMEOUT_S=600
   SANDBOXD_CODE__JAIL_START_TIMEOUT_S=600 SANDBOXD_CODE__COMPILE_TIMEOUT_S=60 SANDBOXD_BROWSER__ACTION_TIMEOUT_MS=10000
-  SANDBOXD_SQL__ENGINE_START_TIMEOUT_S=600)
+  SANDBOXD_SQL__ENGINE_START_TIMEOUT_S=600 SANDBOXD_BROWSER__LAUNCH_TIMEOUT_S=900)
 export SANDBOXD_TEST_NODE_SETTINGS="${slow_env[*]}" SANDBOXD_TEST_NODE_START_S=1800
 env SANDBOXD_PORT=8090 "${slow_env[@]}" .venv/bin/sandboxd serve > "$SHARE/serve.log" 2>&1 &
 node=$!
 t=$SECONDS ready=1
 until curl -sf -m 10 localhost:8090/readyz > /dev/null; do
-  kill -0 $node 2> /dev/null || { echo "the node died"; tail -30 "$SHARE/serve.log"; ready=0; break; }
+  # The node's end is its last lines; why a worker died is further up (its ERROR and the traceback after it).
+  kill -0 $node 2> /dev/null || {
+    echo "the node died"; grep -m3 -A40 ' ERROR ' "$SHARE/serve.log"; tail -8 "$SHARE/serve.log"; ready=0; break
+  }
   ((SECONDS - t < 2400)) || { echo "not ready in 2400s"; ready=0; break; }
   sleep 2
 done

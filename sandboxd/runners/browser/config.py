@@ -87,6 +87,13 @@ class BrowserRunnerConfig(RunnerConfig):
     tmpfs_mb: int = Field(256, ge=16, description="Size of the browser's private /tmp (profile, cache).")
     action_timeout_ms: int = Field(500, ge=10, le=60_000, description="Default time limit of one action.")
     goto_timeout_ms: int = Field(10_000, ge=100, le=120_000, description="Default time limit of a goto (page load).")
+    launch_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="How long a browser may take to launch (the Playwright driver, then Chromium in its jail) before "
+        "its worker fails to start. Raise it on slow machines (an emulated arm64 guest).",
+    )
     max_screenshot_bytes: int = Field(2 << 20, ge=10_000, description="A larger screenshot is an action error.")
     max_text_bytes: int = Field(256 << 10, ge=1024, description="Text and ARIA snapshots are cut to this size.")
     max_pages_per_context: int = Field(

@@ -54,7 +54,6 @@ from sandboxd.runners.starvation import CpuPressure
 
 log = logging.getLogger(__name__)
 
-LAUNCH_TIMEOUT_MS = 60_000
 CLOSE_TIMEOUT_S = 5.0
 TITLE_TIMEOUT_S = 0.5  # a hung page has no title worth waiting for
 ANSWER_PROBE_S = 0.5  # a one-shot's page that does not evaluate ``1`` this fast is hung: thrown away, not reset
@@ -131,7 +130,7 @@ class BrowserRunner:
                 headless=True,
                 chromium_sandbox=False,  # the jail is the sandbox; Chromium's own needs user namespaces inside it
                 args=chromium_args(self.cfg),
-                timeout=LAUNCH_TIMEOUT_MS,
+                timeout=self.cfg.launch_timeout_s * 1000,
             )
         except PlaywrightError as exc:
             raise SandboxSetupError(f"browser {self.name} did not start: {exc.message[:500]}") from exc
