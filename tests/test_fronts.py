@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from sandboxd.localnode import NodeProcess
+from tests.conftest import NODE_START_S, SLOW_NODE_SETTINGS
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(300)]
 KEY = "fronts-key-0123456789abcdef"
@@ -27,6 +28,7 @@ KEY = "fronts-key-0123456789abcdef"
 def node() -> Iterator[NodeProcess]:
     n = NodeProcess(
         {
+            **SLOW_NODE_SETTINGS,
             "SANDBOXD_FRONTS": "2",
             "SANDBOXD_WORKERS": "2",
             "SANDBOXD_RUNNERS": '["python", "textgame"]',
@@ -34,7 +36,7 @@ def node() -> Iterator[NodeProcess]:
             "SANDBOXD_TENANT_MAX_SESSIONS": "6",
         }
     )
-    n.wait_ready(120)
+    n.wait_ready(NODE_START_S)
     yield n
     n.stop()
 
@@ -165,6 +167,7 @@ async def test_a_front_killed_under_load_loses_only_its_own_requests(node: NodeP
 async def test_drain_stops_new_work_on_both_fronts_and_sigterm_stops_the_node() -> None:
     n = NodeProcess(
         {
+            **SLOW_NODE_SETTINGS,  # an emulated guest's longer start limits (tests/conftest.py)
             "SANDBOXD_FRONTS": "2",
             "SANDBOXD_WORKERS": "1",
             "SANDBOXD_RUNNERS": '["python"]',
@@ -172,7 +175,7 @@ async def test_drain_stops_new_work_on_both_fronts_and_sigterm_stops_the_node() 
         }
     )
     try:
-        n.wait_ready(120)
+        n.wait_ready(NODE_START_S)
         a, b = await fronts(n.url)
         sid = (await a.post("/sessions", json={"runner": "python"})).json()["session_id"]
         slow = asyncio.create_task(py(b, "import time; time.sleep(1); print('finished')"))
