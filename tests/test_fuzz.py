@@ -37,6 +37,7 @@ OPERATIONS = [
     "POST /sessions/status",
     "POST /sessions/{session_id}/timeout",
     "GET /runners",
+    "GET /images",
     "GET /runners/{kind}",
     "GET /healthz",
     "GET /readyz",
