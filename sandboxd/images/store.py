@@ -67,6 +67,11 @@ class Image:
     def describe(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def load(cls, path: Path) -> Image:
+        doc = json.loads(path.read_text())
+        return cls(**{**doc, "run": RunConfig(**doc["run"])})
+
 
 class ImageStore:
     def __init__(self, root: Path, limits: Limits) -> None:
@@ -154,18 +159,14 @@ class ImageStore:
         os.replace(tmp, path)
 
     def images(self) -> list[Image]:
-        found = []
-        for path in sorted((self.root / "images").glob("*.json")) if (self.root / "images").is_dir() else []:
-            doc = json.loads(path.read_text())
-            found.append(Image(**{**doc, "run": RunConfig(**doc["run"])}))
-        return found
+        images = self.root / "images"
+        return [Image.load(path) for path in sorted(images.glob("*.json"))] if images.is_dir() else []
 
     def get(self, name: str) -> Image:
         path = self._record(name)
         if not path.is_file():
             raise NotFound(f"no image {name!r} on this node (sandboxd image list)")
-        doc = json.loads(path.read_text())
-        return Image(**{**doc, "run": RunConfig(**doc["run"])})
+        return Image.load(path)
 
     def remove(self, name: str) -> None:
         with self._locked():
