@@ -155,10 +155,9 @@ def _image(args: argparse.Namespace) -> int:
     from sandboxd.config import load_settings
     from sandboxd.errors import SandboxdError
     from sandboxd.images.store import ImageStore
-    from sandboxd.images.unpack import Limits
 
     s = load_settings()
-    store = ImageStore(Path(s.images_dir), Limits(s.image_max_layer_bytes, s.image_max_layer_entries))
+    store = ImageStore.of(s)
     try:
         if args.image_command == "import":
             # Python's tarfile holds a layer's headers (long names, PAX records, sparse maps) in memory whole:

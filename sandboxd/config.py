@@ -116,6 +116,14 @@ class NodeSettings(BaseSettings):
     image_max_layer_entries: int = Field(
         1_000_000, ge=100, description="Most entries (files, directories, links) in one image layer."
     )
+    image_uid_base: int = Field(
+        2_000_000_000,
+        ge=65536,
+        le=(1 << 32) - 2 - 65536,
+        description="Host uid (and gid) of an image's root: an image's owner N is this plus N on the host, and a "
+        "container's user namespace maps its 0..65535 onto that range, so its root is unprivileged on the host. "
+        "Keep it clear of every uid the host or its other containers use; the store records it.",
+    )
     default_timeout_s: float = Field(10.0, gt=0, description="Execution time limit of a step that gives none.")
     max_timeout_s: float = Field(300.0, gt=0, description="Largest timeout_s a step may ask for.")
     max_batch: int = Field(1024, ge=1, description="Most steps in one POST /rollout/steps.")

@@ -26,6 +26,7 @@ BUILTIN: dict[str, str] = {
     "sql": "sandboxd.runners.sql:KIND",
     "textgame": "sandboxd.runners.textgame:KIND",
     "browser": "sandboxd.runners.browser:KIND",
+    "container": "sandboxd.runners.container:KIND",
 }
 ENTRY_POINT_GROUP = "sandboxd.runners"
 KIND_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")

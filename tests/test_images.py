@@ -23,9 +23,10 @@ import pytest
 from sandboxd.errors import BadRequest, NotFound
 from sandboxd.images.sources import ARCH
 from sandboxd.images.store import ImageStore
-from sandboxd.images.unpack import Limits, remove_tree
+from sandboxd.images.unpack import IdRange, Limits, remove_tree
 
 LIMITS = Limits(max_bytes=8 << 20, max_entries=1000)
+IDS = IdRange(2_000_000_000)
 Entry = tuple[Any, ...]
 
 
@@ -41,9 +42,10 @@ def layer(*entries: Entry) -> bytes:
             if kind == "file":
                 data = rest[0]
                 info.size, info.mode = len(data), rest[1] if len(rest) > 1 else 0o644
-                info.uid = rest[2] if len(rest) > 2 else 0
+                info.uid = info.gid = rest[2] if len(rest) > 2 else 0
             elif kind == "dir":
                 info.type, info.mode = tarfile.DIRTYPE, rest[0] if rest else 0o755
+                info.uid = info.gid = rest[1] if len(rest) > 1 else 0
             elif kind == "sym":
                 info.type, info.linkname = tarfile.SYMTYPE, rest[0]
             elif kind == "link":
@@ -148,7 +150,7 @@ TOP = layer(
 
 @pytest.fixture
 def store(tmp_path: Path) -> ImageStore:
-    return ImageStore(tmp_path / "store", LIMITS)
+    return ImageStore(tmp_path / "store", LIMITS, IDS)
 
 
 @contextlib.contextmanager
@@ -156,7 +158,7 @@ def overlay(store: ImageStore, layers: list[str], at: Path) -> Iterator[Path]:
     """The image's layers stacked read-only by the kernel's overlayfs, as a sandbox's root would be."""
     at.mkdir()
     lower = ":".join(str(store.layer_dir(d)) for d in reversed(layers))
-    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={lower}", str(at)], check=True)
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"userxattr,lowerdir={lower}", str(at)], check=True)
     try:
         yield at
     finally:
@@ -176,10 +178,13 @@ def test_an_oci_layout_imports_and_its_layers_stack_under_overlayfs(store: Image
     base, top = store.layer_dir(sha(BASE)), store.layer_dir(sha(TOP))
     whiteout = os.lstat(top / "etc" / "b")
     assert stat.S_ISCHR(whiteout.st_mode) and whiteout.st_rdev == os.makedev(0, 0)
-    assert os.getxattr(top / "data", "trusted.overlay.opaque") == b"y"
+    assert os.getxattr(top / "data", "user.overlay.opaque") == b"y"
     assert os.readlink(base / "bin") == "usr/bin" and stat.S_ISFIFO(os.lstat(base / "run.pipe").st_mode)
     tool = os.lstat(base / "usr/bin/tool")
     assert tool.st_mode & 0o7777 == 0o755 and tool.st_nlink == 2 and tool.st_mtime == 1_700_000_000
+    # Owners shifted to the range a container maps; the layer's root and unlisted parents are the image's root.
+    assert (tool.st_uid, tool.st_gid) == (IDS.base, IDS.base) and os.stat(base).st_uid == IDS.base
+    assert os.stat(store.root / "layers").st_mode & 0o777 == 0o711 and os.stat(base.parent).st_mode & 0o777 == 0o711
     assert os.lstat(base / "ro").st_mode & 0o7777 == 0o555 and (base / "ro" / "inside").read_bytes() == b"x"
     with overlay(store, image.layers, tmp_path / "merged") as root:
         assert not (root / "etc" / "b").exists() and (root / "etc" / "a").read_text() == "alpha, again\n"
@@ -231,7 +236,8 @@ HOSTILE = {
     # Found by a red team: each escaped as another exception (a 500), or ran without bound.
     "chained headers": (chained_pax_headers(3000), "chain without end"),
     "too deep": (layer(("file", "d/" * 300 + "f", b"x")), "256 levels"),
-    "owner out of range": (layer(("file", "f", b"x", 0o644, 1 << 40)), "outside 0.."),
+    "owner out of range": (layer(("file", "f", b"x", 0o644, 1 << 40)), "outside the 0..65535"),
+    "owner no container maps": (layer(("file", "f", b"x", 0o644, 65536)), "outside the 0..65535 a container maps"),
     "hard link to a directory": (layer(("dir", "d"), ("link", "x", "d")), "hard link to a directory"),
     "runs on past its end": (layer(("file", "f", b"x")) + bytes(2 << 20), "past its end"),
 }
@@ -301,7 +307,8 @@ def test_the_cli_imports_lists_and_removes(tmp_path: Path) -> None:
     r = cli("rm", "tools/demo:2")
     assert r.returncode == 1 and "no image 'tools/demo:2'" in r.stderr
     assert "no images" in cli("list").stdout
-    assert stat.S_IMODE(os.stat(tmp_path / "store").st_mode) == 0o700
+    root = os.stat(tmp_path / "store")  # the host's other users may not pass; the containers' group may
+    assert stat.S_IMODE(root.st_mode) == 0o710 and (root.st_uid, root.st_gid) == (0, IDS.base)
 
 
 def test_a_layer_may_replace_its_own_directory_and_the_store_removes_any_depth(

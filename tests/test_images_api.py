@@ -9,13 +9,13 @@ import pytest
 
 from sandboxd.images.store import ImageStore
 from tests.conftest import running_node
-from tests.test_images import BASE, LIMITS, TOP, oci_layout, sha
+from tests.test_images import BASE, IDS, LIMITS, TOP, oci_layout, sha
 
 pytestmark = pytest.mark.node
 
 
 async def test_a_node_lists_its_images(tmp_path: Path) -> None:
-    store = ImageStore(tmp_path / "store", LIMITS)
+    store = ImageStore(tmp_path / "store", LIMITS, IDS)
     store.import_image(oci_layout(tmp_path / "oci", [BASE, TOP], WorkingDir="/data", Cmd=["sh"]))
     key = "images-tenant-0123456789"
     with running_node(runners='["tools"]', workers=1, images_dir=str(store.root), api_keys=f'["{key}"]') as base:

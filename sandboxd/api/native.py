@@ -19,7 +19,6 @@ from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
 from sandboxd.front.surfaces import Surface, json_response, native_error, retry_headers
 from sandboxd.images.store import ImageStore
-from sandboxd.images.unpack import Limits
 from sandboxd.models import (
     BatchRequest,
     BatchResult,
@@ -188,7 +187,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         """The container images on this node (``sandboxd image import``): each name, id, layers, size and the
         configuration a sandbox of it starts with."""
         s = gateway.settings
-        store = ImageStore(Path(s.images_dir), Limits(s.image_max_layer_bytes, s.image_max_layer_entries))
+        store = ImageStore.of(s)
         images = await asyncio.to_thread(store.images)
         return json_response({"images": [image.describe() for image in images]})
 

@@ -4,10 +4,14 @@
     <root>/layers/<diff id hex>/layer.json
     <root>/images/<quoted name>.json    an image: its layers (lowest first) and the config a sandbox runs with
     <root>/tmp/                         layers being unpacked (published by rename, never seen half-made)
+    <root>/store.json                   the store's format and the host uids its owners are shifted to
 
-The root is the node's own (0700, root): nothing of an image (set-user-id files, devices a layer is refused
-for anyway) is reachable from the host's other users. One import or removal at a time (a lock file): a layer
-another image still names is never collected.
+The root is the node's own (root, group the uid base's gid, 0710): nothing of an image (set-user-id files,
+devices a layer is refused for anyway) is reachable from the host's other users. A container's jail binds
+``layers/`` from inside its user namespace, as its root (the base uid and gid on the host): the group lets it
+through the root, and ``layers/`` and each layer's directory are 0711, so it passes to the layer trees (owned
+by the shifted ids, ``unpack.IdRange``) and never lists them. One import or removal at
+a time (a lock file): a layer another image still names is never collected.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from typing import Any
 
 from sandboxd.errors import BadRequest, NotFound
 from sandboxd.images.sources import ImageRefused, ImageSource, open_source
-from sandboxd.images.unpack import Limits, remove_tree, unpack
+from sandboxd.images.unpack import IdRange, Limits, remove_tree, unpack
 
+FORMAT = 2  # 1: owners as the image gave them (before containers ran); 2: shifted by the uid base
 NAME = re.compile(r"[a-z0-9][a-z0-9._\-/:@]{0,254}")  # matched whole (fullmatch): no trailing newline
 
 
@@ -74,18 +79,53 @@ class Image:
 
 
 class ImageStore:
-    def __init__(self, root: Path, limits: Limits) -> None:
-        self.root, self.limits = root, limits
+    def __init__(self, root: Path, limits: Limits, ids: IdRange) -> None:
+        self.root, self.limits, self.ids = root, limits, ids
 
-    def _dirs(self) -> None:
+    @classmethod
+    def of(cls, settings: Any) -> ImageStore:
+        """The node's store, as its settings say (``SANDBOXD_IMAGES_DIR``, ``SANDBOXD_IMAGE_*``)."""
+        limits = Limits(settings.image_max_layer_bytes, settings.image_max_layer_entries)
+        return cls(Path(settings.images_dir), limits, IdRange(settings.image_uid_base))
+
+    def check(self) -> None:
+        """The store was made for this node's uid base (owners are shifted on disk): a store made with another
+        base would give every container files owned by nobody it maps."""
+        meta = self.root / "store.json"
+        try:
+            doc = json.loads(meta.read_text())
+        except FileNotFoundError:
+            if (self.root / "images").is_dir() and any((self.root / "images").iterdir()):
+                raise BadRequest(
+                    f"the image store {self.root} predates containers (its owners are not shifted): remove its "
+                    "images (sandboxd image rm) and import them again"
+                ) from None
+            return
+        except (OSError, ValueError) as exc:
+            raise BadRequest(f"the image store's {meta} is unreadable: {exc}") from None
+        if doc != {"format": FORMAT, "uid_base": self.ids.base}:
+            raise BadRequest(
+                f"the image store {self.root} was made with uid base {doc.get('uid_base')} (format "
+                f"{doc.get('format')}), this node has SANDBOXD_IMAGE_UID_BASE={self.ids.base}: use that base, or "
+                "another SANDBOXD_IMAGES_DIR"
+            )
+
+    def prepare(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.root, 0o700)
+        # Only the containers' group may pass (nsjail binds layers/ from inside the jail's user namespace,
+        # where its root's group is the base gid); the host's other users may not even look up a name here.
+        os.chown(self.root, 0, self.ids.base)
+        os.chmod(self.root, 0o710)
+        self.check()
         for sub in ("layers", "images", "tmp"):
             (self.root / sub).mkdir(exist_ok=True, mode=0o700)
+        os.chmod(self.root / "layers", 0o711)
+        if not (self.root / "store.json").is_file():
+            self._write(self.root / "store.json", {"format": FORMAT, "uid_base": self.ids.base})
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self._dirs()
+        self.prepare()
         with open(self.root / ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
@@ -93,7 +133,7 @@ class ImageStore:
     def layer_dir(self, diff_id: str) -> Path:
         return self.root / "layers" / diff_id.removeprefix("sha256:") / "fs"
 
-    def _record(self, name: str) -> Path:
+    def record_path(self, name: str) -> Path:
         """Its file, by a digest of the name: any name fits a file name (the record holds the name itself)."""
         return self.root / "images" / (hashlib.sha256(name.encode(errors="surrogateescape")).hexdigest() + ".json")
 
@@ -115,7 +155,7 @@ class ImageStore:
                 image = Image(
                     chosen, src.config_digest, str(src.config["architecture"]), diff_ids, size, run, time.time()
                 )
-                self._write(self._record(chosen), image.describe())
+                self._write(self.record_path(chosen), image.describe())
             finally:
                 self._collect()  # layers this import made that no image names (it failed), or a replaced image's
             return image
@@ -138,7 +178,7 @@ class ImageStore:
             (work / "fs").mkdir()
             with src.files.open(blob.path) as raw:
                 hashed = _Digesting(raw)
-                got = unpack(hashed, work / "fs", self.limits)  # type: ignore[arg-type]
+                got = unpack(hashed, work / "fs", self.limits, self.ids)  # type: ignore[arg-type]
                 while hashed.read(1 << 20):
                     pass
             if blob.digest is not None and hashed.digest() != blob.digest:
@@ -146,6 +186,7 @@ class ImageStore:
             if got.diff_id != diff_id:
                 raise ImageRefused(f"layer {i} ({blob.path}) is {got.diff_id}, not {diff_id} as the config says")
             self._write(work / "layer.json", {"diff_id": diff_id, "entries": got.entries, "bytes": got.bytes})
+            os.chmod(work, 0o711)
             os.rename(work, home)
             return got.bytes
         finally:
@@ -163,14 +204,14 @@ class ImageStore:
         return [Image.load(path) for path in sorted(images.glob("*.json"))] if images.is_dir() else []
 
     def get(self, name: str) -> Image:
-        path = self._record(name)
+        path = self.record_path(name)
         if not path.is_file():
             raise NotFound(f"no image {name!r} on this node (sandboxd image list)")
         return Image.load(path)
 
     def remove(self, name: str) -> None:
         with self._locked():
-            path = self._record(name)
+            path = self.record_path(name)
             if not path.is_file():
                 raise NotFound(f"no image {name!r} on this node (sandboxd image list)")
             path.unlink()

@@ -2,8 +2,13 @@
 
 The layer is written as overlayfs reads a lower layer (what containerd's overlay snapshotter keeps): a
 whiteout ``.wh.NAME`` becomes a 0:0 character device at ``NAME``, an opaque marker ``.wh..wh..opq`` the
-``trusted.overlay.opaque`` attribute on its directory, so the layers of an image stack as they are, and one
-layer directory serves every image that has it.
+``user.overlay.opaque`` attribute on its directory (the attribute overlayfs reads when a user namespace mounts
+it, ``userxattr``: a container's root is mounted inside its jail), so the layers of an image stack as they
+are, and one layer directory serves every image that has it.
+
+Owners are shifted: the image's uid or gid N is ``ids.base + N`` on the host, N below ``ids.count``. A
+container's user namespace maps its 0..count-1 onto exactly that range, so inside it the files have the
+owners the image gave them, and the image's root is an unprivileged uid of the host.
 
 Whatever the archive holds, nothing is written outside ``dest``: every path is resolved one component at a
 time with ``O_NOFOLLOW`` under ``dest`` (a link the layer made earlier is never followed, so ``etc -> /etc``
@@ -33,10 +38,11 @@ from sandboxd.errors import BadRequest
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
+OPAQUE_XATTR = "user.overlay.opaque"
 CHUNK = 1 << 20
 MAX_PATH_BYTES = 4095  # PATH_MAX, less its NUL
 MAX_DEPTH = 256  # levels of one path
-MAX_ID = (1 << 32) - 1  # uid and gid: (uid_t)-1 means "unchanged" to chown
+ID_COUNT = 1 << 16  # uids and gids an image may use: 0..65535, what a container's user namespace maps
 MAX_MTIME = 1 << 40  # seconds: past any real date, within what utime takes
 MAX_TRAILING_BYTES = 1 << 20  # after the end-of-archive blocks: padding, not a second payload
 # What an unpacking may fail with that is the node's, not the layer's: passed on as it is.
@@ -52,6 +58,19 @@ class LayerRefused(BadRequest):
 class Limits:
     max_bytes: int  # file contents written for one layer
     max_entries: int  # entries (files, directories, links...) of one layer
+
+
+@dataclass(frozen=True)
+class IdRange:
+    """Where an image's owners 0..count-1 are on the host (``base + N``): a container's user namespace maps
+    its own 0..count-1 onto this range (``runners/container``)."""
+
+    base: int
+    count: int = ID_COUNT
+
+    def __post_init__(self) -> None:
+        if not (0 < self.base and self.base + self.count < (1 << 32) - 1):
+            raise ValueError(f"uid base {self.base}: the range {self.base}..{self.base + self.count - 1} must fit uid_t")
 
 
 @dataclass(frozen=True)
@@ -124,8 +143,10 @@ def _relative(name: str) -> str:
 class _Tree:
     """``dest``, opened once; every path under it resolved component by component without following links."""
 
-    def __init__(self, dest: Path) -> None:
+    def __init__(self, dest: Path, root_id: int) -> None:
         self.root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.root_id = root_id  # the image's root on the host: the owner of what the layer did not list
+        os.fchown(self.root, root_id, root_id)
         self.dirs: list[tuple[str, int, int]] = []  # (path, mode, mtime): set once every entry is in
         self.made = 0  # directories made for entries whose parents the layer did not list: entries too
 
@@ -142,6 +163,7 @@ class _Tree:
                     nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                 except FileNotFoundError:
                     os.mkdir(part, 0o755, dir_fd=fd)
+                    os.chown(part, self.root_id, self.root_id, dir_fd=fd, follow_symlinks=False)
                     self.made += 1
                     nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                 except OSError as exc:
@@ -218,10 +240,10 @@ def remove_tree(parent_fd: int, name: str) -> None:
             os.close(cur)
 
 
-def unpack(stream: BinaryIO, dest: Path, limits: Limits) -> Unpacked:
+def unpack(stream: BinaryIO, dest: Path, limits: Limits, ids: IdRange) -> Unpacked:
     """Unpack the layer in ``stream`` into the empty directory ``dest``; its diff id and size."""
     hashing = _Hashing(_decompressed(stream))
-    tree = _Tree(dest)
+    tree = _Tree(dest, ids.base)
     entries = written = 0
     member: tarfile.TarInfo | None = None
     try:
@@ -231,7 +253,7 @@ def unpack(stream: BinaryIO, dest: Path, limits: Limits) -> Unpacked:
                 entries += 1
                 if entries + tree.made > limits.max_entries:
                     raise LayerRefused(f"the layer has more than {limits.max_entries} entries (its limit)")
-                written += _entry(archive, member, tree, limits.max_bytes - written)
+                written += _entry(archive, member, tree, limits.max_bytes - written, ids)
         member = None
         trailing = 0
         while chunk := hashing.read(CHUNK):  # the end-of-archive padding is part of the diff id too
@@ -267,11 +289,14 @@ def unpack(stream: BinaryIO, dest: Path, limits: Limits) -> Unpacked:
     return Unpacked("sha256:" + hashing.digest.hexdigest(), entries, written)
 
 
-def _entry(archive: tarfile.TarFile, m: tarfile.TarInfo, tree: _Tree, room: int) -> int:
+def _entry(archive: tarfile.TarFile, m: tarfile.TarInfo, tree: _Tree, room: int, ids: IdRange) -> int:
     """Write one entry; the bytes it wrote."""
     rel = _relative(m.name)
-    if not (0 <= m.uid < MAX_ID and 0 <= m.gid < MAX_ID):
-        raise LayerRefused(f"entry {m.name[:200]!r} has owner {m.uid}:{m.gid}, outside 0..{MAX_ID - 1}")
+    if not (0 <= m.uid < ids.count and 0 <= m.gid < ids.count):
+        raise LayerRefused(
+            f"entry {m.name[:200]!r} has owner {m.uid}:{m.gid}, outside the 0..{ids.count - 1} a container maps"
+        )
+    m.uid, m.gid = ids.base + m.uid, ids.base + m.gid
     if not (isinstance(m.mtime, int | float) and 0 <= m.mtime < MAX_MTIME):  # nan fails both comparisons
         m.mtime = 0
     if not rel:  # the layer's root itself ("./"): only its mode and time
@@ -281,7 +306,7 @@ def _entry(archive: tarfile.TarFile, m: tarfile.TarInfo, tree: _Tree, room: int)
     fd, name = tree.parent(rel, m.name)
     try:
         if name == OPAQUE:  # its directory hides what lower layers have there
-            os.setxattr(fd, "trusted.overlay.opaque", b"y")
+            os.setxattr(fd, OPAQUE_XATTR, b"y")
             return 0
         if name.startswith(WHITEOUT):  # NAME is deleted: overlayfs's whiteout, a 0:0 character device
             hidden = name[len(WHITEOUT) :]

@@ -95,6 +95,8 @@ class RunnerContext:
     runtime_dir: Path  # scratch space of this node (sockets, jail logs)
     name: str  # e.g. "node1-w0": unique per worker process, for cgroup and file names
     worker_index: int
+    images_dir: Path | None = None  # the node's image store (``sandboxd/images``), for kinds that run images
+    image_uid_base: int = 0  # where the store's owners are on the host (``images.unpack.IdRange``)
 
 
 @dataclass(frozen=True)

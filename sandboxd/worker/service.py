@@ -94,7 +94,13 @@ class Worker:
         self.settings = settings
         self.index = index
         self.incarnation = incarnation
-        self.ctx = RunnerContext(Path(settings.runtime_dir), f"{settings.node_id}-{os.getppid()}-w{index}", index)
+        self.ctx = RunnerContext(
+            Path(settings.runtime_dir),
+            f"{settings.node_id}-{os.getppid()}-w{index}",
+            index,
+            Path(settings.images_dir),
+            settings.image_uid_base,
+        )
         registry = kinds()
         self.all_kinds = {k: registry[k] for k in settings.runners}
         self.kinds = {k.name: k for k in hosted_kinds(settings, index)}

@@ -380,6 +380,9 @@ async def _run_step(
         head, files = harness
         if head.get("op") == "stage_error":
             result["stage_error"] = str(head.get("error"))
+        elif head.get("op") == "enter_error":  # a container's root (``jailside/container.py``): whose, it says
+            result["enter_error"] = str(head.get("error"))
+            result["enter_node"] = head.get("node") is True
         elif head.get("op") == "fetched":
             # The program's own status, as the process that ran nothing of it saw it end, and its files.
             result.update(exit_code=head.get("exit_code"), signal=head.get("signal"), fetched=(head, files))

@@ -202,6 +202,10 @@ class Executions:
         limits."""
         if "stage_error" in r:  # the program never ran: what the client sent could not be written
             raise BadRequest(f"the step's files could not be written in the sandbox: {r['stage_error']}")
+        if "enter_error" in r:  # a container's root could not be entered: the image's fault, or the node's
+            if r.get("enter_node"):
+                raise SandboxSetupError(f"the sandbox's root could not be made: {r['enter_error']}")
+            raise BadRequest(f"the image cannot run this step: {r['enter_error']}")
         killed_by = r.get("killed_by")
         limits_hit: list[str] = []
         if r.get("starved"):

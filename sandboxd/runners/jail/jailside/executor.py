@@ -16,9 +16,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # inside the jail these are plain modules beside the zygote (no sandboxd package there)
-    from sandboxd.runners.jail.jailside import bound, namespaces, program, seccomp, session, staging, wire
+    from sandboxd.runners.jail.jailside import bound, container, namespaces, program, seccomp, session, staging, wire
 else:
     import bound
+    import container
     import namespaces
     import program
     import seccomp
@@ -38,16 +39,20 @@ _os_open, _os_read, _os_fstat, _os_readlink = bound._os_open, bound._os_read, bo
 _S_ISREG, _normpath = bound._S_ISREG, bound._normpath
 _WIFSIGNALED, _WTERMSIG, _WEXITSTATUS = bound._WIFSIGNALED, bound._WTERMSIG, bound._WEXITSTATUS
 WORKDIR = staging.WORKDIR
+SESSION_MODES = ("session", "container_session")  # a network namespace of its own per sandbox
+CONTAINER_MODES = ("container", "container_session")  # an image's root (container.py)
 
 
 def executor_main(
     sock: socket.socket, out_w: int, err_w: int, filter_program: bytes, mode: str, tmpfs_bytes: int
 ) -> int:
+    contained = mode in CONTAINER_MODES  # locked down after its request, once it has entered the image
     try:
-        oom_adj = namespaces.setup_namespaces(tmpfs_bytes, mode == "session")
+        oom_adj = namespaces.setup_namespaces(tmpfs_bytes, mode in SESSION_MODES)
         os.chdir(WORKDIR)
-        seccomp.drop_capabilities()
-        seccomp.install(filter_program)
+        if not contained:
+            seccomp.drop_capabilities()
+            seccomp.install(filter_program)
         # The worker greets first so that it can receive our credentials (pid).
         hello, _ = wire.recv_frame(sock)
         if hello.get("op") != "hello":
@@ -65,6 +70,10 @@ def executor_main(
         req, body = wire.recv_frame(sock)
     except wire.WireError:
         return 0
+    if mode == "container":
+        return container.oneshot(sock, req, body, filter_program, oom_adj, out_w, err_w)
+    if mode == "container_session":
+        return container.session(sock, req, filter_program, oom_adj, out_w, err_w)
     # Only now, with a program to run, is this executor the one to kill first under memory pressure.
     # Marked while it waited, a prepared executor could be the OOM killer's pick while the slot's
     # running program outgrew the limit, and the next, honest program was then found killed.

@@ -416,9 +416,11 @@ def install(program: bytes) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
 
-def drop_capabilities() -> None:
-    """Clear every capability set: the child's own user namespace gave it all of them."""
+def drop_capabilities(keep: int = 0) -> None:
+    """Clear every capability set but the ``keep`` mask's bits in effective and permitted (a container's
+    root keeps a few, ``rootfs.ROOT_CAPS``): the jail's user namespace gave this process all of them."""
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
-    data = (ctypes.c_uint32 * 6)()
+    low, high = keep & 0xFFFFFFFF, keep >> 32
+    data = (ctypes.c_uint32 * 6)(low, low, 0, high, high, 0)  # effective, permitted, inheritable; twice
     if _libc.syscall(_TABLES[platform.machine().lower()][1]["capset"], header, data) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")

@@ -114,7 +114,7 @@ def _make_executor(mode: str, tmpfs_bytes: int, filter_program: bytes, close: tu
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        pid = namespaces.clone_namespaced(mode == "session")
+        pid = namespaces.clone_namespaced(mode in executor.SESSION_MODES)
     except OSError:
         for fd in (out_r, out_w, err_r, err_w):
             os.close(fd)

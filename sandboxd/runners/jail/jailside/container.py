@@ -1,0 +1,210 @@
+"""What a container's executor does with its steps (stdlib only; runs inside a container jail).
+
+A one-shot: its request names the image; the executor enters the image's root (``rootfs.py``), writes the
+step's files, and runs the command in a child whose status (and the files asked for) it reports, as the code
+kind's programs (``executor.run_and_fetch``). A session: the first frame names the image and is answered
+``entered`` (or why not); each later step is a shell command, run by the image's ``/bin/sh`` in a child of
+this process, which stays the session's pid 1 (it reaps what the commands leave running). What a command
+exports and where it ``cd``s are kept for the next one: the shell starts from a script of the session's state
+(``export -p`` and ``cd``, passed as fd 3, both memfds) and writes its state back to fd 4 when the command
+ends, so variables set, unset and exported and the working directory carry over, as in one terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # inside the jail these are plain modules beside the zygote (no sandboxd package there)
+    from sandboxd.runners.jail.jailside import bound, executor, rootfs, staging
+else:
+    import bound
+    import executor
+    import rootfs
+    import staging
+
+__builtins__ = bound.BUILTINS  # type: ignore[assignment]  # before any def (bound.py says why)
+
+SHELL = "/bin/sh"
+CWD_MARK = "\n#sandboxd-cwd:"
+# Runs each session command: the state in, the command, the state out. ``exit`` in a command ends the shell
+# before the state is written: the session keeps the state it had.
+WRAPPER = (
+    ". /dev/fd/3; exec 3<&-; eval \"$1\"; __sandboxd_status=$?; "
+    "{ export -p; printf '\\n#sandboxd-cwd:'; pwd; } >&4 2>/dev/null; exec 4>&-; exit $__sandboxd_status"
+)
+STAGE_FAILED = 125  # exchange.STAGE_FAILED: the step never ran, and its executor said why
+STATE_MAX_BYTES = 1 << 20  # what a session's exports may hold; more is kept as it was before the command
+
+
+def oneshot(
+    sock: socket.socket, req: dict[str, Any], body: bytes, filter_program: bytes, oom_adj: int, out_w: int, err_w: int
+) -> int:
+    entered = _enter(sock, req.get("root"), filter_program)
+    if entered is None:
+        return STAGE_FAILED
+    env, cwd = entered
+    try:
+        stdin = rootfs.stage(req, body, cwd)
+    except (OSError, ValueError) as exc:
+        bound.send(sock, {"op": "stage_error", "error": str(exc)})
+        return STAGE_FAILED
+    os.write(oom_adj, b"1000")
+    os.close(oom_adj)
+    _outputs(out_w, err_w)
+    staging.set_limits(req, session=False)
+    staging.set_stdin(stdin)
+    argv = [str(a) for a in req["exec"]["argv"]]
+    # Relative to the working directory (the collector reads absolute paths as they are).
+    fetch = [p if p.startswith("/") else f"{cwd}/{p}" for p in (str(p) for p in req.get("fetch") or [])]
+    return executor.run_and_fetch(sock, lambda: _exec(argv, env), fetch, int(req.get("fetch_max_bytes", 0)))
+
+
+def session(
+    sock: socket.socket, req: dict[str, Any], filter_program: bytes, oom_adj: int, out_w: int, err_w: int
+) -> int:
+    if req.get("op") != "enter":
+        return 73
+    entered = _enter(sock, req.get("root"), filter_program)
+    if entered is None:
+        return 0
+    env, cwd = entered
+    os.write(oom_adj, b"1000")
+    os.close(oom_adj)
+    _outputs(out_w, err_w)
+    staging.set_stdin(b"")
+    exports = "".join(f"export {key}={_quote(value)}\n" for key, value in env.items() if key.isidentifier())
+    running = [0]
+
+    def interrupt(signum: int, frame: Any) -> None:
+        """The step's deadline (the worker's SIGINT): its command and all it started end; the session stays."""
+        if running[0]:
+            try:
+                os.killpg(running[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGINT, interrupt)
+    bound.send(sock, {"op": "entered"})
+    while True:
+        try:
+            req, body = bound.recv_frame(sock)
+        except BaseException:
+            return 0
+        if req.get("op") == "close":
+            return 0
+        tag = req.get("tag") if type(req.get("tag")) is int else 0
+        try:
+            stdin = rootfs.stage(req, body, cwd)
+        except (OSError, ValueError) as exc:
+            bound.send(sock, {"op": "stage_error", "error": str(exc), "tag": tag})
+            continue
+        staging.set_limits(req, session=True)
+        staging.set_stdin(stdin)
+        code, exports, cwd = _command(str(req.get("command", "")), exports, cwd, running)
+        _reap()
+        bound.send(sock, {"op": "done", "exit_code": code, "tag": tag})
+
+
+def _enter(sock: socket.socket, root: Any, filter_program: bytes) -> tuple[dict[str, str], str] | None:
+    """Enter the image's root; None when it could not be, the worker told why and whose fault it was."""
+    op = "enter_error"
+    try:
+        env, cwd, uid = rootfs.enter(dict(root))
+    except rootfs.ImageFault as exc:
+        bound.send(sock, {"op": op, "error": str(exc)})
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        bound.send(sock, {"op": op, "error": f"the sandbox's root could not be made: {exc}", "node": True})
+        return None
+    try:
+        rootfs.lock(filter_program, uid)
+    except OSError as exc:
+        bound.send(sock, {"op": op, "error": f"the sandbox could not be locked down: {exc}", "node": True})
+        return None
+    return env, cwd
+
+
+def _outputs(out_w: int, err_w: int) -> None:
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.close(out_w)
+    os.close(err_w)
+
+
+def _exec(argv: list[str], env: dict[str, str]) -> int:
+    """Replace this process with the image's program, found on the image's PATH, as a runtime would."""
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        os.write(2, f"sandboxd: cannot run {argv[0]}: {exc.strerror}\n".encode())
+        return 126 if isinstance(exc, PermissionError) else 127
+    return 127
+
+
+def _command(command: str, exports: str, cwd: str, running: list[int]) -> tuple[int, str, str]:
+    """Run one command in the session's shell; its status and the session's state after it (what it exports,
+    where it is)."""
+    given = os.memfd_create("state", 0)
+    saved = os.memfd_create("saved", 0)
+    try:
+        script = f"{exports}\ncd -- {_quote(cwd)} 2>/dev/null || cd /\n".encode(errors="surrogateescape")
+        pos = 0
+        while pos < len(script):
+            pos += os.write(given, script[pos:])
+        os.lseek(given, 0, os.SEEK_SET)
+        pid = os.fork()
+        if pid == 0:
+            code = 127
+            try:
+                os.setpgid(0, 0)  # its group: what it starts ends with it at a deadline
+                os.dup2(given, 3)
+                os.dup2(saved, 4)
+                for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                os.execve(SHELL, ["sh", "-c", WRAPPER, "sh", command], {})
+            except OSError as exc:
+                os.write(2, f"sandboxd: a session runs its commands with the image's {SHELL}: {exc.strerror}\n".encode())
+            finally:
+                os._exit(code)
+        running[0] = pid
+        status = 0
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+        running[0] = 0
+        code = os.waitstatus_to_exitcode(status)
+        code = 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell says
+        size = os.lseek(saved, 0, os.SEEK_END)
+        if 0 < size <= STATE_MAX_BYTES:
+            os.lseek(saved, 0, os.SEEK_SET)
+            out = os.read(saved, size).decode("utf-8", errors="surrogateescape")
+            after, mark, where = out.rpartition(CWD_MARK)
+            if mark:
+                exports, cwd = after, where.removesuffix("\n")
+        return code, exports, cwd
+    finally:
+        os.close(given)
+        os.close(saved)
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def _reap() -> None:
+    """As the session's pid 1: collect what its commands started and has ended (background jobs)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

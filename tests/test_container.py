@@ -1,0 +1,235 @@
+"""The ``container`` kind on a real node: sandboxes whose root is an image of the node's store, built here from
+this host's own programs (``tests/imagebuild.py``), imported as a user would (``ImageStore``, as ``sandboxd
+image import``), driven over HTTP. One-shots and sessions with the image's Env, WorkingDir and User; two
+sandboxes of one image that cannot see each other's files, processes or network; the limits and verdicts
+of every jailed kind; and what a hostile command tries from inside."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sandboxd.images.store import ImageStore
+from tests.conftest import running_node, step_ok
+from tests.imagebuild import host_image
+from tests.test_images import IDS, LIMITS, layer
+
+pytestmark = pytest.mark.node
+
+IMAGE = "agent/work:1"
+TOP = layer(
+    ("dir", "work", 0o755, 1000),
+    ("file", "work/hello.txt", b"hello from the image\n", 0o644, 1000),
+    ("file", "etc/motd", b"shared by every sandbox\n"),
+)
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[ImageStore]:
+    # Not under pytest's tmp_path (0700): the jails bind the store's layers from inside their user namespace.
+    root = Path(tempfile.mkdtemp(prefix="sandboxd-images-", dir="/var/tmp"))
+    root.chmod(0o755)
+    try:
+        store = ImageStore(root / "store", LIMITS, IDS)
+        config = {"Env": ["PATH=/usr/bin:/bin", "GREETING=hi"], "WorkingDir": "/work", "User": "agent"}
+        store.import_image(host_image(root / "oci", IMAGE, [TOP], Cmd=["id"], **config))
+        yield store
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def node(store: ImageStore) -> Iterator[str]:
+    with running_node(
+        runners='["container"]',
+        workers=1,
+        images_dir=str(store.root),
+        container__slots_per_worker=2,
+        container__burst_slots_per_worker=0,
+        container__memory_mb=256,
+        container__tmpfs_mb=128,
+    ) as base:
+        yield base
+
+
+async def run(http: httpx.AsyncClient, cmd: Any = None, **fields: Any) -> dict[str, Any]:
+    action: dict[str, Any] = {"image": IMAGE, **fields.pop("action", {})}
+    if cmd is not None:
+        action["cmd"] = cmd
+    return await step_ok(http, "container", action, **fields)
+
+
+async def session(http: httpx.AsyncClient, **options: Any) -> str:
+    r = await http.post("/sessions", json={"runner": "container", "options": {"image": IMAGE, **options}})
+    assert r.status_code == 201, r.text
+    sid: str = r.json()["session_id"]
+    return sid
+
+
+async def shell(http: httpx.AsyncClient, sid: str, cmd: str, **fields: Any) -> dict[str, Any]:
+    return await step_ok(http, "container", {"cmd": cmd, **fields.pop("action", {})}, session_id=sid, **fields)
+
+
+# ---------------------------------------------------------------------------------------------- one-shots
+
+
+async def test_a_one_shot_runs_as_the_image_says(http: httpx.AsyncClient, store: ImageStore) -> None:
+    image = store.get(IMAGE)
+    out = await run(http)  # the image's Cmd, as its User, in its WorkingDir
+    assert out["ok"], out
+    assert out["observation"]["stdout"] == "uid=1000(agent) gid=1000(agent) groups=1000(agent),10(wheel)\n"
+    assert out["observation"]["image_id"] == image.id
+    out = await run(http, "echo $GREETING $HOME; pwd; cat hello.txt /etc/motd; cat")
+    assert out["observation"]["stdout"] == "hi /home/agent\n/work\nhello from the image\nshared by every sandbox\n"
+    out = await run(http, "cat; echo; echo $EXTRA", action={"stdin": "in", "env": {"EXTRA": "x y"}})
+    assert out["observation"]["stdout"] == "in\nx y\n"
+    out = await run(http, ["-c", "echo $0 $1"], action={"user": "root", "workdir": "/tmp"})  # no Entrypoint
+    assert out["observation"]["exit_code"] == 127 and "cannot run -c" in out["observation"]["stderr"]
+    out = await run(http, "id -u; pwd", action={"user": "0:0", "workdir": "/made/here"})
+    assert out["observation"]["stdout"] == "0\n/made/here\n"
+
+
+async def test_a_one_shot_writes_and_returns_files(http: httpx.AsyncClient) -> None:
+    files = {"in/data.txt": "relative", "/tmp/abs.txt": "absolute"}
+    out = await run(
+        http,
+        "cat in/data.txt /tmp/abs.txt > out.txt; ls -l in/data.txt; exit 3",
+        action={"files": files, "fetch_files": ["out.txt", "/etc/motd", "missing"]},
+    )
+    obs = out["observation"]
+    assert obs["exit_code"] == 3 and out["error"]["blame"] == "program" and out["error"]["code"] == "program_exit"
+    assert " agent agent " in obs["stdout"]  # written as the image's user
+    import base64
+
+    assert base64.b64decode(obs["files"]["out.txt"]) == b"relativeabsolute"
+    assert base64.b64decode(obs["files"]["/etc/motd"]) == b"shared by every sandbox\n"
+    assert obs["files_missing"] == {"missing": "No such file or directory"}
+
+
+async def test_bad_steps_are_the_clients_and_named(http: httpx.AsyncClient) -> None:
+    async def refused(action: dict[str, Any], status: int, says: str) -> None:
+        r = await http.post("/rollout/step", json={"runner": "container", "action": action})
+        assert r.status_code == status, r.text
+        err = r.json()["error"]
+        assert err["blame"] == "client" and says in err["message"], err
+
+    await refused({"cmd": "true"}, 422, "a one-shot names its image")
+    await refused({"image": "nowhere:1", "cmd": "true"}, 404, "no image 'nowhere:1'")
+    await refused({"image": IMAGE, "user": "nosuch"}, 422, "user 'nosuch' is not in the image's /etc/passwd")
+    await refused({"image": IMAGE, "user": "agent:nogroup2"}, 422, "group 'nogroup2' is not in the image's /etc/group")
+    await refused({"image": IMAGE, "workdir": "/etc/motd"}, 422, "is not a directory in the image")
+    await refused({"image": IMAGE, "workdir": "relative"}, 422, "workdir must be an absolute path")
+    await refused({"image": IMAGE, "env": {"A=B": "1"}}, 422, "is not a variable name")
+    await refused({"image": IMAGE, "files": {"../up": "x"}}, 422, "must stay inside the working directory")
+    r = await http.post("/sessions", json={"runner": "container", "options": {"image": "nowhere:1"}})
+    assert r.status_code == 404 and r.json()["error"]["blame"] == "client", r.text
+    r = await http.post("/sessions", json={"runner": "container", "options": {"image": IMAGE, "user": "ghost"}})
+    assert r.status_code == 422 and "user 'ghost'" in r.json()["error"]["message"], r.text
+
+
+# ---------------------------------------------------------------------------------------------- sessions
+
+
+async def test_a_session_is_one_shell(http: httpx.AsyncClient) -> None:
+    sid = await session(http, env={"MODE": "test"})
+    out = await shell(http, sid, "echo $MODE $GREETING; export A=1; B=2; cd /tmp; echo kept > note")
+    assert out["observation"]["stdout"] == "test hi\n" and out["observation"]["session_alive"]
+    out = await shell(http, sid, "echo A=$A B=$B; pwd; cat note; unset GREETING; exit 4")
+    assert out["observation"]["stdout"] == "A=1 B=\n/tmp\nkept\n" and out["observation"]["exit_code"] == 4
+    assert out["error"]["code"] == "program_exit"
+    out = await shell(http, sid, "echo ${GREETING-unset}; cat", action={"stdin": "piped"})  # exit 4: state kept
+    assert out["observation"]["stdout"] == "hi\npiped"
+    out = await shell(http, sid, "unset GREETING; cat staged.txt", action={"files": {"staged.txt": "in cwd"}})
+    assert out["observation"]["stdout"] == "in cwd"  # /tmp: where the session is
+    out = await shell(http, sid, "echo ${GREETING-unset}")
+    assert out["observation"]["stdout"] == "unset\n"
+    assert (await http.delete(f"/sessions/{sid}")).status_code in (200, 204)
+
+
+async def test_a_session_command_past_its_time_ends_but_the_session_stays(http: httpx.AsyncClient) -> None:
+    sid = await session(http)
+    await shell(http, sid, "export KEPT=yes; cd /tmp")
+    out = await shell(http, sid, "sleep 30 & sleep 30", timeout_s=1)
+    obs = out["observation"]
+    assert obs["timed_out"] and obs["session_alive"] and out["error"]["code"] == "program_timeout", out
+    out = await shell(http, sid, "echo $KEPT; pwd; ls /proc | grep -c '^[0-9]' || true")
+    # The command and what it left running ended with it: the shell and this command's own processes remain.
+    lines = out["observation"]["stdout"].split()
+    assert lines[:2] == ["yes", "/tmp"] and int(lines[-1]) <= 4, out
+    out = await shell(http, sid, "sleep 60 > /dev/null 2>&1 & echo started")
+    assert out["observation"]["stdout"] == "started\n"  # a background job: the command returns at once
+    out = await shell(http, sid, "ls /proc | grep -c '^[0-9]'")
+    assert int(out["observation"]["stdout"]) >= 3  # the harness, the job, this command
+
+
+async def test_session_steps_refuse_one_shot_fields(http: httpx.AsyncClient) -> None:
+    sid = await session(http)
+    for action, says in (
+        ({"cmd": "true", "env": {"A": "1"}}, "action.env is for one-shots"),
+        ({"cmd": "true", "fetch_files": ["x"]}, "action.fetch_files is for one-shots"),
+        ({"cmd": "true", "image": "other:1"}, "runs image 'agent/work:1'"),
+    ):
+        r = await http.post("/rollout/step", json={"runner": "container", "session_id": sid, "action": action})
+        assert r.status_code == 422 and says in r.json()["error"]["message"], r.text
+    assert (await shell(http, sid, "echo still"))["observation"]["stdout"] == "still\n"
+
+
+# ---------------------------------------------------------------------------------------------- isolation
+
+
+async def test_sandboxes_of_one_image_see_nothing_of_each_other(http: httpx.AsyncClient) -> None:
+    out = await run(http, "echo mine > /etc/motd; echo new > /work/new; cat /etc/motd", action={"user": "root"})
+    assert out["observation"]["stdout"] == "mine\n", out
+    out = await run(http, "cat /etc/motd; ls /work")  # a one-shot's writes went with it
+    assert out["observation"]["stdout"] == "shared by every sandbox\nhello.txt\n"
+    a, b = await session(http), await session(http)
+    await shell(http, a, "echo a > /work/only-a; sleep 300 > /dev/null 2>&1 &")
+    out = await shell(http, b, "ls /work; ls /proc | grep -c '^[0-9]'; cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+    files, procs, *interfaces = out["observation"]["stdout"].split()
+    assert files == "hello.txt" and int(procs) <= 4 and interfaces == ["lo"], out
+    assert (await shell(http, a, "cat /work/only-a"))["observation"]["stdout"] == "a\n"
+
+
+async def test_a_hostile_command_stays_in_its_sandbox(http: httpx.AsyncClient) -> None:
+    out = await run(
+        http,
+        "cat /proc/self/uid_map; cat /proc/1/environ >/dev/null 2>&1 || echo no-environ;"
+        " ls /proc/1/root/ >/dev/null 2>&1 || echo no-root; ls /opt/sandboxd 2>&1 | head -1;"
+        " ls /usr/bin/python3 >/dev/null 2>&1 || echo no-host-python; echo x > /dev/null && echo devnull;"
+        " touch /dev/planted 2>/dev/null || echo dev-read-only",
+        action={"user": "root"},
+    )
+    lines = out["observation"]["stdout"].splitlines()
+    assert lines[0].split() == ["0", str(IDS.base), "65536"], lines  # root inside is an unprivileged host uid
+    assert lines[1:3] == ["no-environ", "no-root"] and "No such file" in lines[3], lines
+    assert lines[4:] == ["no-host-python", "devnull", "dev-read-only"], lines
+
+
+# ---------------------------------------------------------------------------------------------- limits
+
+
+async def test_limits_and_verdicts_are_the_jail_cores(http: httpx.AsyncClient) -> None:
+    out = await run(http, "sleep 10", timeout_s=1)
+    assert out["error"]["code"] == "program_timeout" and "time" in out["observation"]["limits_hit"], out
+    fill = "for i in 1 2 3 4 5 6; do head -c 40000000 /dev/zero > /tmp/f$i || exit 9; done"  # under RLIMIT_FSIZE
+    out = await run(http, fill, limits={"memory_mb": 64})
+    assert out["error"]["code"] == "program_killed" and out["observation"]["killed_by"] == "memory", out
+    out = await run(http, fill)  # past the 128 MB writable layer, within the 256 MB of memory
+    assert out["observation"]["exit_code"] == 9 and "No space left" in out["observation"]["stderr"], out
+    out = await run(http, "f() { f | f & }; f; sleep 2", timeout_s=5)  # its own pids limit: never the node's
+    assert "pids" in out["observation"]["limits_hit"] and (out["error"] or {}).get("blame", "program") == "program"
+    out = await run(http, "head -c 50000000 /dev/zero")
+    assert out["observation"]["killed_by"] == "output" and out["error"]["code"] == "program_killed", out
+    assert (await run(http, "echo fine"))["observation"]["stdout"] == "fine\n"  # the slots recovered
+
+
+async def test_concurrent_one_shots_of_one_image(http: httpx.AsyncClient) -> None:
+    outs = await asyncio.gather(*(run(http, f"echo {i} > /tmp/me; sleep 0.2; cat /tmp/me") for i in range(12)))
+    assert [o["observation"]["stdout"] for o in outs] == [f"{i}\n" for i in range(12)]
