@@ -23,7 +23,23 @@ from tests.test_images import Entry, layer, oci_layout
 PASSWD = "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\nnobody:x:65534:65534::/:/bin/sh\n"
 GROUP = "root:x:0:\nagent:x:1000:\nwheel:x:10:agent\nnogroup:x:65534:\n"
 SHELL_TOOLS = (
-    "sh", "cat", "ls", "id", "env", "sleep", "echo", "pwd", "touch", "rm", "mkdir", "head", "tail", "grep", "cut", "stat", "kill",
+    "sh",
+    "cat",
+    "ls",
+    "id",
+    "env",
+    "sleep",
+    "echo",
+    "pwd",
+    "touch",
+    "rm",
+    "mkdir",
+    "head",
+    "tail",
+    "grep",
+    "cut",
+    "stat",
+    "kill",
 )
 
 
@@ -42,7 +58,7 @@ def _closure(programs: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(paths))
 
 
-def _members(path: str, seen: dict[str, tuple[str, Any]]) -> None:
+def _members(path: str, seen: dict[str, tuple[Any, ...]]) -> None:
     """``path`` as the image holds it: its real directory's entry (a link's target followed, and kept too)."""
     directory = os.path.realpath(os.path.dirname(path))
     entry = f"{directory}/{os.path.basename(path)}"
@@ -58,7 +74,7 @@ def _members(path: str, seen: dict[str, tuple[str, Any]]) -> None:
 
 
 def base_layer(programs: tuple[str, ...] = SHELL_TOOLS, extra: tuple[Entry, ...] = ()) -> bytes:
-    seen: dict[str, tuple[str, Any]] = {}
+    seen: dict[str, tuple[Any, ...]] = {}
     for path in _closure(tuple(programs)):
         _members(path, seen)
     entries: list[Entry] = [("dir", "etc"), ("dir", "tmp", 0o1777), ("dir", "root", 0o700), ("dir", "home")]

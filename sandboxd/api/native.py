@@ -6,7 +6,6 @@ written as a string would not resolve.
 """
 
 import asyncio
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query

@@ -69,8 +69,10 @@ class IdRange:
     count: int = ID_COUNT
 
     def __post_init__(self) -> None:
-        if not (0 < self.base and self.base + self.count < (1 << 32) - 1):
-            raise ValueError(f"uid base {self.base}: the range {self.base}..{self.base + self.count - 1} must fit uid_t")
+        if not (self.base > 0 and self.base + self.count < (1 << 32) - 1):
+            raise ValueError(
+                f"uid base {self.base}: the range {self.base}..{self.base + self.count - 1} must fit uid_t"
+            )
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ import os
 import shlex
 import socket
 import subprocess
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from nsjail.config import NsJailConfig

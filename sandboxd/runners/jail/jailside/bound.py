@@ -41,8 +41,20 @@ __builtins__ = BUILTINS  # type: ignore[assignment]
 # The harness's modules: none is the program's (``program.fresh_main`` takes them out of ``sys.modules``, so a
 # step's own ``session.py`` or ``wire.py`` is imported from its files), and none makes a step's file a shadow.
 HARNESS_MODULES = frozenset(
-    {"bound", "wire", "seccomp", "landlock", "forking", "namespaces", "staging", "program", "executor", "session",
-     "rootfs", "container"}
+    {
+        "bound",
+        "wire",
+        "seccomp",
+        "landlock",
+        "forking",
+        "namespaces",
+        "staging",
+        "program",
+        "executor",
+        "session",
+        "rootfs",
+        "container",
+    }
 )
 
 _exit = os._exit

@@ -32,7 +32,7 @@ CWD_MARK = "\n#sandboxd-cwd:"
 # Runs each session command: the state in, the command, the state out. ``exit`` in a command ends the shell
 # before the state is written: the session keeps the state it had.
 WRAPPER = (
-    ". /dev/fd/3; exec 3<&-; eval \"$1\"; __sandboxd_status=$?; "
+    '. /dev/fd/3; exec 3<&-; eval "$1"; __sandboxd_status=$?; '
     "{ export -p; printf '\\n#sandboxd-cwd:'; pwd; } >&4 2>/dev/null; exec 4>&-; exit $__sandboxd_status"
 )
 STAGE_FAILED = 125  # exchange.STAGE_FAILED: the step never ran, and its executor said why
@@ -168,7 +168,9 @@ def _command(command: str, exports: str, cwd: str, running: list[int]) -> tuple[
                     signal.signal(sig, signal.SIG_DFL)
                 os.execve(SHELL, ["sh", "-c", WRAPPER, "sh", command], {})
             except OSError as exc:
-                os.write(2, f"sandboxd: a session runs its commands with the image's {SHELL}: {exc.strerror}\n".encode())
+                os.write(
+                    2, f"sandboxd: a session runs its commands with the image's {SHELL}: {exc.strerror}\n".encode()
+                )
             finally:
                 os._exit(code)
         running[0] = pid

@@ -115,7 +115,9 @@ def _mount_root(layers: list[str]) -> None:
         os.symlink(target, f"{dev}/{name}")
     os.mkdir(f"{dev}/shm", 0o1777)
     namespaces.mount("tmpfs", f"{dev}/shm", "tmpfs", namespaces.MS_NOSUID | namespaces.MS_NODEV, "size=16m,mode=1777")
-    namespaces.mount("none", dev, "", namespaces.MS_REMOUNT | namespaces.MS_RDONLY | namespaces.MS_NOSUID | namespaces.MS_NOEXEC)
+    namespaces.mount(
+        "none", dev, "", namespaces.MS_REMOUNT | namespaces.MS_RDONLY | namespaces.MS_NOSUID | namespaces.MS_NOEXEC
+    )
     if not os.path.lexists(f"{ROOT}/etc/hosts") and os.path.isdir(f"{ROOT}/etc"):
         with open(f"{ROOT}/etc/hosts", "wb") as f:  # what a container runtime writes: localhost resolves
             f.write(HOSTS)
@@ -174,8 +176,7 @@ def _user(spec: str) -> tuple[int, int, list[int], str]:
         raise ImageFault(f"user {spec!r} is {uid}:{gid}, outside the 0..65535 a container maps")
     name = entry[0] if entry is not None else None
     extra = sorted(
-        {int(g[2]) for g in groups_db if len(g) >= 4 and g[2].isdigit() and name and name in g[3].split(",")}
-        - {gid}
+        {int(g[2]) for g in groups_db if len(g) >= 4 and g[2].isdigit() and name and name in g[3].split(",")} - {gid}
     )
     return uid, gid, [gid, *(g for g in extra if g < 65536)], home
 
