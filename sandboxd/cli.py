@@ -199,6 +199,7 @@ def _bench(args: argparse.Namespace) -> int:
             cooldown=args.cooldown,
             concurrency=conc,
             b8_trials=args.trials,
+            b8_image=args.image,
         )
     except ValueError as exc:
         print(f"sandboxd bench: {exc} (presets: {', '.join(PRESETS)})", file=sys.stderr)
@@ -371,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration", type=float, help="measured seconds per level")
     bench.add_argument("--cooldown", type=float, help="idle seconds after each level")
     bench.add_argument("--trials", type=int, help="B8 trials per level")
+    bench.add_argument(
+        "--image", help="B8 from this image of the node's store (`sandboxd image list`): a container start, not python"
+    )
     bench.add_argument("--out", default="bench-results", help="results directory")
     bench.add_argument("--instance-type", help="what this machine is, e.g. m7i.4xlarge (prices it)")
     bench.add_argument("--upload", metavar="S3_URL", help="after the run, upload its files to s3://bucket/prefix")

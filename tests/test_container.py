@@ -17,13 +17,38 @@ import httpx
 import pytest
 
 from sandboxd.images.store import ImageStore
+from sandboxd.images.unpack import Limits
 from tests.conftest import running_node, step_ok
-from tests.imagebuild import host_image
-from tests.test_images import IDS, LIMITS, layer
+from tests.imagebuild import base_layer, dir_layer, host_image
+from tests.test_images import IDS, layer
 
 pytestmark = pytest.mark.node
 
 IMAGE = "agent/work:1"
+SWE = "swe/calc:1"
+PYTHON = "python3.11"
+# A SWE-style task: a repository with a failing test, in an image with its interpreter and git.
+REPO = layer(
+    ("dir", "repo", 0o755, 1000),
+    ("file", "repo/calc.py", b"def add(a, b):\n    return a - b\n", 0o644, 1000),
+    (
+        "file",
+        "repo/test_calc.py",
+        b"import unittest\nfrom calc import add\n\n\nclass T(unittest.TestCase):\n"
+        b"    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n",
+        0o644,
+        1000,
+    ),
+    ("sym", "usr/bin/python3", PYTHON),
+)
+FIX = """--- a/calc.py
++++ b/calc.py
+@@ -1,2 +1,2 @@
+ def add(a, b):
+-    return a - b
++    return a + b
+"""
+WRONG = FIX.replace("a + b", "a * b")
 TOP = layer(
     ("dir", "work", 0o755, 1000),
     ("file", "work/hello.txt", b"hello from the image\n", 0o644, 1000),
@@ -37,9 +62,13 @@ def store() -> Iterator[ImageStore]:
     root = Path(tempfile.mkdtemp(prefix="sandboxd-images-", dir="/var/tmp"))
     root.chmod(0o755)
     try:
-        store = ImageStore(root / "store", LIMITS, IDS)
+        store = ImageStore(root / "store", Limits(256 << 20, 100_000), IDS)
         config = {"Env": ["PATH=/usr/bin:/bin", "GREETING=hi"], "WorkingDir": "/work", "User": "agent"}
         store.import_image(host_image(root / "oci", IMAGE, [TOP], Cmd=["id"], **config))
+        base = base_layer(programs=("sh", "cat", "ls", "tail", f"/usr/bin/{PYTHON}", "/usr/bin/git"))
+        layers = [dir_layer(f"/usr/lib/{PYTHON}"), REPO]
+        swe = {"Env": ["PATH=/usr/bin:/bin"], "WorkingDir": "/repo", "User": "agent"}
+        store.import_image(host_image(root / "swe", SWE, layers, base=base, **swe))
         yield store
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -233,3 +262,37 @@ async def test_limits_and_verdicts_are_the_jail_cores(http: httpx.AsyncClient) -
 async def test_concurrent_one_shots_of_one_image(http: httpx.AsyncClient) -> None:
     outs = await asyncio.gather(*(run(http, f"echo {i} > /tmp/me; sleep 0.2; cat /tmp/me") for i in range(12)))
     assert [o["observation"]["stdout"] for o in outs] == [f"{i}\n" for i in range(12)]
+
+
+# ---------------------------------------------------------------------------------------------- a SWE-style task
+
+
+async def test_a_swe_task_is_graded_by_its_tests_in_32_sessions_at_once(http: httpx.AsyncClient) -> None:
+    """32 agents on one task image: each applies its patch with git, runs the repository's tests, and its
+    reward is their exit status; each sees only its own changes."""
+    patches = [FIX if i % 2 == 0 else WRONG for i in range(32)]
+
+    async def agent(patch: str) -> tuple[int, str]:
+        r = await http.post("/sessions", json={"runner": "container", "options": {"image": SWE}})
+        assert r.status_code == 201, r.text
+        sid = r.json()["session_id"]
+        try:
+            applied = await shell(
+                http, sid, "git apply fix.patch && cat calc.py", action={"files": {"fix.patch": patch}}
+            )
+            assert applied["observation"]["exit_code"] == 0, applied
+            graded = await shell(http, sid, "python3 -m unittest -q 2>&1 | tail -1", timeout_s=30)
+            status = await shell(http, sid, "python3 -m unittest -q >/dev/null 2>&1; echo $?", timeout_s=30)
+            return int(status["observation"]["stdout"]), applied["observation"]["stdout"] + graded["observation"][
+                "stdout"
+            ]
+        finally:
+            await http.delete(f"/sessions/{sid}")
+
+    results = await asyncio.gather(*(agent(p) for p in patches))
+    rewards = [1.0 if code == 0 else 0.0 for code, _ in results]
+    assert rewards == [1.0 if i % 2 == 0 else 0.0 for i in range(32)], results
+    for i, (_, out) in enumerate(results):
+        assert ("a + b" if i % 2 == 0 else "a * b") in out and ("OK" if i % 2 == 0 else "FAILED") in out, out
+    untouched = await run(http, "cat calc.py", action={"image": SWE})  # the image itself is as it was
+    assert untouched["observation"]["stdout"] == "def add(a, b):\n    return a - b\n"

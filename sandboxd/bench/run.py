@@ -78,6 +78,10 @@ class Plan:
     b8_trials: int
     b8_cold_trials: int
     preset: str
+    b8_image: str | None = None  # B8 from a container image of the node's store (``--image``), not python
+
+    def b8_runner(self) -> str:
+        return "python" if self.b8_image is None else "container"
 
     def levels(self, workload: str) -> list[int]:
         return self.b9_concurrency if workload == "B9" else self.concurrency
@@ -235,8 +239,9 @@ def run_b8(
 ) -> dict[str, Any]:
     progress.begin(f"B8 c={c}", 5.0)
     with Sampler(period_s=0.25) as sampler:  # B8 levels last seconds: sample more often
-        warm = coldstart.run_trials(target, plan.b8_trials, c)
-    cold = coldstart.run_trials(cold_target, plan.b8_cold_trials, c) if cold_target else None
+        warm = coldstart.run_trials(target, plan.b8_trials, c, plan.b8_image)
+    cold = coldstart.run_trials(cold_target, plan.b8_cold_trials, c, plan.b8_image) if cold_target else None
+    image = _image_of(target, plan.b8_image) if plan.b8_image else None
     result: dict[str, Any] = {
         "benchmark": "B8",
         "workload": "coldstart",
@@ -252,8 +257,11 @@ def run_b8(
         "cost": {},
         "extra": {
             "trials": plan.b8_trials,
-            "scenario": "minimal_python_print",
-            "sandbox": "fresh nsjail executor per trial, from the warm pool (what a user sees)",
+            "scenario": "minimal_python_print" if image is None else "image_shell_echo",
+            "sandbox": "fresh nsjail executor per trial, from the warm pool (what a user sees)"
+            + ("" if image is None else "; its root the image's layers under a writable layer of its own"),
+            "image": image,
+            "peers_published_start_ms": coldstart.PEER_STARTS_MS,
             "error_examples": warm.error_examples,
             "warm_pool_disabled": None
             if cold is None
@@ -276,6 +284,20 @@ def run_b8(
     return result
 
 
+def _image_of(target: str, name: str) -> dict[str, Any] | None:
+    """The image B8 started (``GET /images``): its id, layers and size, for the report."""
+    import httpx
+
+    try:
+        images = httpx.get(f"{target}/images", timeout=30).json().get("images", [])
+    except (httpx.HTTPError, ValueError):
+        return None
+    for image in images:
+        if image.get("name") == name:
+            return {"name": name, "id": image["id"], "layers": len(image["layers"]), "bytes": image["size"]}
+    return None
+
+
 def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | None) -> Path:
     instance = describe(instance_type)
     # The host name too: two machines of one type started in the same second share no directory or S3 key.
@@ -291,14 +313,22 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
     )
     results: dict[str, list[dict[str, Any]]] = {}
     with contextlib.ExitStack() as stack:
-        kinds = sorted({k for wl in plan.workloads for k in WORKLOADS[wl].runners})
-        node_settings = {"SANDBOXD_SQL__SCALE_FACTOR": SCALE_FACTOR[plan.preset], "SANDBOXD_RUNNERS": json.dumps(kinds)}
-        base = target or stack.enter_context(embedded_node(node_settings))
+        kinds = {k for wl in plan.workloads for k in WORKLOADS[wl].runners if wl != "B8"}
+        if "B8" in plan.workloads:
+            kinds.add(plan.b8_runner())
+        node_settings = {
+            "SANDBOXD_SQL__SCALE_FACTOR": SCALE_FACTOR[plan.preset],
+            "SANDBOXD_RUNNERS": json.dumps(sorted(kinds)),
+        }
+        images = (
+            {"SANDBOXD_IMAGES_DIR": os.environ["SANDBOXD_IMAGES_DIR"]} if "SANDBOXD_IMAGES_DIR" in os.environ else {}
+        )
+        base = target or stack.enter_context(embedded_node({**node_settings, **images}))
         cold_base = None
         if "B8" in plan.workloads and target is None and plan.b8_cold_trials > 0:
-            cold_base = stack.enter_context(
-                embedded_node({"SANDBOXD_PYTHON__WARM_POOL": "false", "SANDBOXD_RUNNERS": '["python"]'})
-            )
+            runner = plan.b8_runner()
+            cold = {f"SANDBOXD_{runner.upper()}__WARM_POOL": "false", "SANDBOXD_RUNNERS": f'["{runner}"]', **images}
+            cold_base = stack.enter_context(embedded_node(cold))
         for wl in plan.workloads:
             trials = WORKLOADS[wl].mode == "trials"
             folder = run_dir / f"{wl}_{WORKLOADS[wl].name}"
@@ -338,6 +368,7 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
             "b9_duration_sec": plan.b9_duration,
             "b8_trials": plan.b8_trials,
             "b8_cold_trials": plan.b8_cold_trials,
+            "b8_image": plan.b8_image,
             "target": target or "embedded",
         },
         "benchmarks": results,
