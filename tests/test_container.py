@@ -63,11 +63,11 @@ def store() -> Iterator[ImageStore]:
     root.chmod(0o755)
     try:
         store = ImageStore(root / "store", Limits(256 << 20, 100_000), IDS)
-        config = {"Env": ["PATH=/usr/bin:/bin", "GREETING=hi"], "WorkingDir": "/work", "User": "agent"}
+        config: dict[str, Any] = {"Env": ["PATH=/usr/bin:/bin", "GREETING=hi"], "WorkingDir": "/work", "User": "agent"}
         store.import_image(host_image(root / "oci", IMAGE, [TOP], Cmd=["id"], **config))
         base = base_layer(programs=("sh", "cat", "ls", "tail", f"/usr/bin/{PYTHON}", "/usr/bin/git"))
         layers = [dir_layer(f"/usr/lib/{PYTHON}"), REPO]
-        swe = {"Env": ["PATH=/usr/bin:/bin"], "WorkingDir": "/repo", "User": "agent"}
+        swe: dict[str, Any] = {"Env": ["PATH=/usr/bin:/bin"], "WorkingDir": "/repo", "User": "agent"}
         store.import_image(host_image(root / "swe", SWE, layers, base=base, **swe))
         yield store
     finally:

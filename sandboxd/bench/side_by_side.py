@@ -35,7 +35,7 @@ class Side:
 def _measure(workload: str, url: str, c: int, args: argparse.Namespace, r: int) -> tuple[list[float], float, int]:
     """One round on one node: its latencies (ms), its throughput, its failures."""
     if workload == "B8":
-        res = asyncio.run(_run(url, args.trials, c))
+        res = asyncio.run(_run(url, args.trials, c, None))
         return res.latencies_ms, len(res.latencies_ms) / res.wall_s, 0
     s = run_level("B1", url, c, args.warmup, args.duration, seed=(0xB1 ^ c) + r)
     return s.latencies_ms, s.ops / args.duration, s.errors + (s.graded - s.passed)
