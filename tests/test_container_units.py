@@ -3,6 +3,8 @@ agreement on where the store's layers are."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from sandboxd.errors import BadRequest
@@ -11,10 +13,9 @@ from sandboxd.runners.container import runner
 from sandboxd.runners.container.models import ContainerAction
 
 
-def image(**run: object) -> Image:
-    return Image(
-        "demo:1", "sha256:" + "0" * 64, "amd64", ["sha256:" + "a" * 64, "sha256:" + "b" * 64], 1, RunConfig(**run), 0.0
-    )  # type: ignore[arg-type]
+def image(**run: Any) -> Image:
+    layers = ["sha256:" + "a" * 64, "sha256:" + "b" * 64]
+    return Image("demo:1", "sha256:" + "0" * 64, "amd64", layers, 1, RunConfig(**run), 0.0)
 
 
 def test_a_command_follows_dockers_rule() -> None:
