@@ -63,6 +63,7 @@ def enter(spec: dict[str, Any]) -> tuple[dict[str, str], str, int]:
     program starts with. Capabilities and seccomp come after, in ``lock``."""
     _mount_root([str(layer) for layer in spec["layers"]])
     _pivot()
+    _hosts()
     uid, gid, groups, home = _user(str(spec.get("user") or ""))
     env = _environment(list(spec.get("env") or []), home)
     cwd = str(spec.get("workdir") or "/")
@@ -118,8 +119,13 @@ def _mount_root(layers: list[str]) -> None:
     namespaces.mount(
         "none", dev, "", namespaces.MS_REMOUNT | namespaces.MS_RDONLY | namespaces.MS_NOSUID | namespaces.MS_NOEXEC
     )
-    if not os.path.lexists(f"{ROOT}/etc/hosts") and os.path.isdir(f"{ROOT}/etc"):
-        with open(f"{ROOT}/etc/hosts", "wb") as f:  # what a container runtime writes: localhost resolves
+
+
+def _hosts() -> None:
+    """What a container runtime writes, so that localhost resolves. After the pivot only: the image's links
+    (an ``/etc`` that points anywhere) resolve in its own root then, never in the jail's."""
+    if not os.path.lexists("/etc/hosts") and os.path.isdir("/etc"):
+        with open("/etc/hosts", "wb") as f:
             f.write(HOSTS)
 
 
