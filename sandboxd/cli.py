@@ -169,6 +169,13 @@ def _image(args: argparse.Namespace) -> int:
             resource.setrlimit(resource.RLIMIT_AS, (min(soft, cap) if soft != resource.RLIM_INFINITY else cap, hard))
             image = store.import_image(Path(args.source), args.name)
             print(f"{image.name}: {len(image.layers)} layers, {image.size} bytes, id {image.id}")
+        elif args.image_command == "pull":
+            from sandboxd.images.pull import pull
+
+            creds = args.creds or os.environ.get("SANDBOXD_REGISTRY_CREDS") or None
+            authfile = args.authfile or os.environ.get("REGISTRY_AUTH_FILE") or None
+            image = pull(store, args.ref, args.name, creds, authfile, tls_verify=not args.insecure)
+            print(f"{image.name}: {len(image.layers)} layers, {image.size} bytes, id {image.id}")
         elif args.image_command == "rm":
             store.remove(args.name)
             print(f"{args.name}: removed")
@@ -423,6 +430,16 @@ def build_parser() -> argparse.ArgumentParser:
     imp = image_sub.add_parser("import", help="import an OCI image layout (directory or tar) or a docker save archive")
     imp.add_argument("source", help="the layout directory or the archive")
     imp.add_argument("--name", help="the image's name here (default: the name the source carries)")
+    pull = image_sub.add_parser("pull", help="pull an image from a registry (skopeo) and import it")
+    pull.add_argument("ref", help="registry/repository[:tag|@digest], e.g. docker.io/library/python:3.12-slim")
+    pull.add_argument("--name", help="the image's name here (default: the reference, with :latest if untagged)")
+    pull.add_argument("--creds", help="USER:PASSWORD for the registry (or SANDBOXD_REGISTRY_CREDS)")
+    pull.add_argument(
+        "--authfile", help="a containers/Docker config.json with the registry's auth (or REGISTRY_AUTH_FILE)"
+    )
+    pull.add_argument(
+        "--insecure", action="store_true", help="plain HTTP or an unverified certificate (a local registry)"
+    )
     image_sub.add_parser("list", help="the images in SANDBOXD_IMAGES_DIR")
     rm = image_sub.add_parser("rm", help="remove an image (and the layers no other image has)")
     rm.add_argument("name")

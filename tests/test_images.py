@@ -97,7 +97,7 @@ def oci_layout(
     manifest = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": put(config)},
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": put(config), "size": len(config)},
         "layers": [{"mediaType": media, "digest": put(x), "size": len(x)} for x in stored],
     }
     data = json.dumps(manifest).encode()
