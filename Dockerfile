@@ -27,7 +27,7 @@ FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS runtime
 # the code runner's toolchains among them (Debian's, on amd64 and arm64 alike), and tini as PID 1 so that
 # whatever a sandbox leaves behind is reaped.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-core g++ openjdk-17-jdk-headless golang-go rustc nodejs tini \
+ && apt-get install -y --no-install-recommends libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-core g++ openjdk-17-jdk-headless golang-go rustc nodejs skopeo tini \
  && rm -rf /var/lib/apt/lists/*
 # The code runner's JavaScript packages and TypeScript's compiler (E2B's TypeScript contexts), pinned as
 # scripts/setup.sh installs them (npm only for this step).

