@@ -92,6 +92,11 @@ MODES = {
         *("--set", "e2bIngress.tls.secretName=wildcard-tls", "--set", "e2bIngress.className=nginx"),
     ),
     "gpu-spare-cpus": ("-f", str(CHART / "examples" / "gpu-spare-cpus.yaml")),
+    "container-images": (
+        *("--set", "images.enabled=true", "--set", "images.registrySecret=regcred"),
+        *("--set-json", 'images.pull=["registry.example.com/team/task:1","ghcr.io/x/y:2"]'),
+        *("--set", "config.RUNNERS=[\"python\"\\,\"container\"]"),
+    ),
 }
 
 
@@ -137,6 +142,21 @@ def test_rendered_manifests_are_valid_kubernetes(mode: str) -> None:
         (svc,) = [s for s in node_services if s["metadata"]["name"] == backend["name"]]
         assert "clusterIP" not in svc["spec"] and backend["port"]["name"] in {p["name"] for p in svc["spec"]["ports"]}
     assert ("Ingress" in kinds) == (mode == "e2b-by-domain")
+    spec = pod["spec"]
+    (node,) = spec["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in node["volumeMounts"]}
+    if mode == "container-images":  # the store a volume, its images pulled before the node starts
+        (init,) = spec["initContainers"]
+        assert init["command"][-2:] == ["registry.example.com/team/task:1", "ghcr.io/x/y:2"]
+        for c in (init, node):
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            assert env["SANDBOXD_IMAGES_DIR"] == "/var/lib/sandboxd/images/store"
+            assert env["REGISTRY_AUTH_FILE"] == "/etc/sandboxd/registry/config.json"
+            assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["images"] == "/var/lib/sandboxd/images"
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["registry-auth"]["secret"]["secretName"] == "regcred" and "emptyDir" in volumes["images"]
+    else:
+        assert "initContainers" not in spec and "images" not in mounts
     for monitor in kinds.get("ServiceMonitor", []):
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
         wanted = monitor["spec"]["selector"]["matchLabels"]

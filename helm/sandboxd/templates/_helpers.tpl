@@ -81,6 +81,32 @@ tolerations:
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- if and $v.images.enabled $v.images.pull }}
+initContainers:
+  # The images the node serves, pulled into its store before it starts (docs/deploy.md, "Container images").
+  - name: images
+    image: {{ include "sandboxd.image" $root }}
+    imagePullPolicy: {{ $v.image.pullPolicy }}
+    command:
+      - sh
+      - -c
+      - 'for ref in "$@"; do sandboxd image pull {{ if $v.images.insecure }}--insecure {{ end }}"$ref" || exit 1; done'
+      - pull
+      {{- range $v.images.pull }}
+      - {{ . | quote }}
+      {{- end }}
+    env:
+      {{- include "sandboxd.imagesEnv" $root | nindent 6 }}
+    securityContext:
+      runAsUser: 0
+      runAsGroup: 0
+      allowPrivilegeEscalation: false
+      capabilities:
+        drop: ["ALL"]
+        add: ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "MKNOD"]
+    volumeMounts:
+      {{- include "sandboxd.imagesMounts" $root | nindent 6 }}
+{{- end }}
 containers:
   - name: sandboxd
     image: {{ include "sandboxd.image" $root }}
@@ -121,6 +147,9 @@ containers:
         value: /etc/sandboxd/keys/{{ $v.apiKeys.key }}
       - name: SANDBOXD_SHUTDOWN_DRAIN_S
         value: "2"
+      {{- if $v.images.enabled }}
+      {{- include "sandboxd.imagesEnv" $root | nindent 6 }}
+      {{- end }}
     envFrom:
       - configMapRef:
           name: {{ include "sandboxd.fullname" $root }}
@@ -183,6 +212,9 @@ containers:
         readOnly: true
       - name: scratch
         mountPath: /tmp
+      {{- if $v.images.enabled }}
+      {{- include "sandboxd.imagesMounts" $root | nindent 6 }}
+      {{- end }}
 volumes:
   - name: api-keys
     secret:
@@ -191,4 +223,44 @@ volumes:
   - name: scratch
     emptyDir:
       sizeLimit: {{ printf "%dMi" (int $v.ephemeralStorageMi) }}
+  {{- if $v.images.enabled }}
+  - name: images
+    {{- if $v.images.hostPath }}
+    hostPath:
+      path: {{ $v.images.hostPath }}
+      type: DirectoryOrCreate
+    {{- else }}
+    emptyDir:
+      sizeLimit: {{ $v.images.sizeLimit }}
+    {{- end }}
+  {{- if $v.images.registrySecret }}
+  - name: registry-auth
+    secret:
+      secretName: {{ $v.images.registrySecret }}
+      defaultMode: 0400
+      items:
+        - key: .dockerconfigjson
+          path: config.json
+  {{- end }}
+  {{- end }}
+{{- end -}}
+
+{{/* The image store's settings and mounts, the node's and the init container's alike. */}}
+{{- define "sandboxd.imagesEnv" -}}
+- name: SANDBOXD_IMAGES_DIR
+  value: /var/lib/sandboxd/images/store
+{{- if .Values.images.registrySecret }}
+- name: REGISTRY_AUTH_FILE
+  value: /etc/sandboxd/registry/config.json
+{{- end }}
+{{- end -}}
+
+{{- define "sandboxd.imagesMounts" -}}
+- name: images
+  mountPath: /var/lib/sandboxd/images
+{{- if .Values.images.registrySecret }}
+- name: registry-auth
+  mountPath: /etc/sandboxd/registry
+  readOnly: true
+{{- end }}
 {{- end -}}
