@@ -95,7 +95,7 @@ MODES = {
     "container-images": (
         *("--set", "images.enabled=true", "--set", "images.registrySecret=regcred"),
         *("--set-json", 'images.pull=["registry.example.com/team/task:1","ghcr.io/x/y:2"]'),
-        *("--set", "config.RUNNERS=[\"python\"\\,\"container\"]"),
+        *("--set", 'config.RUNNERS=["python"\\,"container"]'),
     ),
 }
 
@@ -291,7 +291,11 @@ def test_dockerfile_installs_what_setup_installs_and_builds_a_complete_wheel(tmp
         return set(out.stdout.split())
 
     node_pkgs = printed() - {"npm"}  # npm: the image installs it for one step and removes it
-    assert printed("--test") - printed() == {"redis-server", "seccomp", "docker-registry"}  # only the tests start or read these
+    assert printed("--test") - printed() == {
+        "redis-server",
+        "seccomp",
+        "docker-registry",
+    }  # only the tests start or read these
     image_pkgs = set(re.search(r"--no-install-recommends ([^\\\n]+)", dockerfile).group(1).split())  # type: ignore[union-attr]
     assert node_pkgs <= image_pkgs, node_pkgs - image_pkgs
     assert dockerfile.count("\nFROM ") + dockerfile.startswith("FROM ") >= 2  # multi-stage
