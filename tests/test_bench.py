@@ -208,3 +208,36 @@ async def test_b9_fails_a_rollout_at_its_first_failed_sub_operation(monkeypatch:
         monkeypatch.setitem(wl.WORKLOADS, task, Fake(task, 3))
     bad = await b9.op(loop)
     assert bad.error is not None and bad.blame == "infra" and bad.subs == () and len(seen) == 3
+
+
+@pytest.mark.timeout(300)
+def test_b8_from_an_image_starts_containers_and_reports_the_image(tmp_path: Path) -> None:
+    """``sandboxd bench B8 --image``: each trial a fresh sandbox of the image (warm pool and cold), the image's
+    size and the peers' published starts in the result."""
+    import os
+    import shutil
+    import tempfile
+
+    from sandboxd.images.store import ImageStore
+    from sandboxd.images.unpack import IdRange, Limits
+    from tests.imagebuild import host_image
+
+    root = Path(tempfile.mkdtemp(prefix="sandboxd-b8-", dir="/var/tmp"))  # the jails must pass its parents
+    root.chmod(0o755)
+    try:
+        store = ImageStore(root / "store", Limits(64 << 20, 10_000), IdRange(2_000_000_000))
+        store.import_image(host_image(root / "oci", "bench/tiny:1"))
+        cmd = [sys.executable, "-m", "sandboxd", "bench", "B8", "--image", "bench/tiny:1", "--preset", "smoke"]
+        cmd += ["--concurrency", "2", "--trials", "12", "--out", str(tmp_path)]
+        env = {**os.environ, "SANDBOXD_IMAGES_DIR": str(store.root)}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+        assert proc.returncode == 0 and "FAILED" not in proc.stdout, proc.stdout + proc.stderr
+        (run_dir,) = list((tmp_path / Path(__import__("platform").machine())).iterdir())
+        r = json.loads((run_dir / "B8_coldstart" / "c0002.json").read_text())
+        assert r["throughput"]["total_starts"] == 12 and r["latency_ms"]["errors"] == 0, r
+        extra = r["extra"]
+        assert extra["scenario"] == "image_shell_echo" and extra["image"]["name"] == "bench/tiny:1"
+        assert extra["image"]["bytes"] == store.get("bench/tiny:1").size and extra["image"]["layers"] == 1
+        assert extra["warm_pool_disabled"]["latency_ms"]["errors"] == 0 and extra["peers_published_start_ms"]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -31,9 +31,9 @@ from sandboxd.bench.stats import summary
 from sandboxd.bench.workloads import WORKLOADS, listed
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "smoke": {
-        "warmup": 1.0,
-        "duration": 3.0,
+    "smoke": {  # does every path work: seconds per level, not figures
+        "warmup": 0.5,
+        "duration": 2.0,
         "cooldown": 0.0,
         "concurrency": [1, 4],
         "b9_concurrency": [4],
