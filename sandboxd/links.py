@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import orjson
 
-from sandboxd.errors import InfraError, SandboxdError, from_dict
+from sandboxd.errors import InfraError, PayloadTooLarge, SandboxdError, from_dict
 
 log = logging.getLogger("sandboxd.links")
 
@@ -167,8 +167,15 @@ class Channel(asyncio.Protocol):
         header = cast(Header, fields)
         header["id"] = msg_id
         header["op"] = op
+        data = frame(header, body)
+        if len(data) - 8 - len(body) > MAX_HEADER_BYTES or len(body) > MAX_BODY_BYTES:
+            # The other end would close the link on it, failing every call in flight: the request's own error.
+            fut.set_exception(
+                PayloadTooLarge(f"{op}: {len(data) - 8 - len(body)} bytes of fields; a link carries {MAX_HEADER_BYTES}")
+            )
+            return fut
         self.pending[msg_id] = fut
-        self.transport.write(frame(header, body))
+        self.transport.write(data)
         return fut
 
     async def call(

@@ -7,6 +7,7 @@ of every jailed kind; and what a hostile command tries from inside."""
 from __future__ import annotations
 
 import asyncio
+import glob
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.node
 
 IMAGE = "agent/work:1"
 SWE = "swe/calc:1"
+ODD = "odd/accounts:1"
 PYTHON = "python3.11"
 # A SWE-style task: a repository with a failing test, in an image with its interpreter and git.
 REPO = layer(
@@ -65,10 +67,13 @@ def store() -> Iterator[ImageStore]:
         store = ImageStore(root / "store", Limits(256 << 20, 100_000), IDS)
         config: dict[str, Any] = {"Env": ["PATH=/usr/bin:/bin", "GREETING=hi"], "WorkingDir": "/work", "User": "agent"}
         store.import_image(host_image(root / "oci", IMAGE, [TOP], Cmd=["id"], **config))
-        base = base_layer(programs=("sh", "cat", "ls", "tail", f"/usr/bin/{PYTHON}", "/usr/bin/git"))
+        ctypes_module = glob.glob(f"/usr/lib/{PYTHON}/lib-dynload/_ctypes.*.so")  # for its libffi
+        base = base_layer(programs=("sh", "cat", "ls", "tail", f"/usr/bin/{PYTHON}", "/usr/bin/git", *ctypes_module))
         layers = [dir_layer(f"/usr/lib/{PYTHON}"), REPO]
         swe: dict[str, Any] = {"Env": ["PATH=/usr/bin:/bin"], "WorkingDir": "/repo", "User": "agent"}
         store.import_image(host_image(root / "swe", SWE, layers, base=base, **swe))
+        odd = layer(("fifo", "etc/passwd"))  # a hostile image: its accounts file would block a reader
+        store.import_image(host_image(root / "odd", ODD, [odd], Env=["PATH=/usr/bin:/bin"]))
         yield store
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -296,3 +301,44 @@ async def test_a_swe_task_is_graded_by_its_tests_in_32_sessions_at_once(http: ht
         assert ("a + b" if i % 2 == 0 else "a * b") in out and ("OK" if i % 2 == 0 else "FAILED") in out, out
     untouched = await run(http, "cat calc.py", action={"image": SWE})  # the image itself is as it was
     assert untouched["observation"]["stdout"] == "def add(a, b):\n    return a - b\n"
+
+
+# ---------------------------------------------------------------------------------------------- a red team's
+
+
+async def test_what_a_red_team_found_is_refused_and_blamed_on_whom_it_is(http: httpx.AsyncClient, node: str) -> None:
+    # Per-user kernel objects are charged up to the host's root: a sandbox gets none of them.
+    probe = (
+        "import ctypes, resource; libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.inotify_init1(0), ctypes.get_errno(), libc.mq_open(b'/q', 0o102, 0o600, None), ctypes.get_errno())\n"
+        "print(resource.getrlimit(resource.RLIMIT_SIGPENDING), resource.getrlimit(resource.RLIMIT_MSGQUEUE))"
+    )
+    out = await run(http, ["python3", "-c", probe], action={"image": SWE, "user": "root"})
+    assert out["observation"]["stdout"] == "-1 1 -1 1\n(64, 64) (0, 0)\n", out["observation"]["stderr"]
+
+    async def refused(body: dict[str, Any], status: int, says: str, path: str = "/rollout/step") -> None:
+        r = await http.post(path, json=body)
+        assert r.status_code == status, r.text
+        err = r.json()["error"]
+        assert err["blame"] == "client" and says in err["message"], err
+
+    step = {"runner": "container"}
+    await refused(
+        {**step, "action": {"image": IMAGE, "cmd": "true #" + "\x01" * 200_000}}, 413, "as the sandbox receives"
+    )
+    await refused({**step, "action": {"image": IMAGE, "env": {"BIG": "x" * 300_000}}}, 422, "env holds")
+    await refused({**step, "action": {"image": IMAGE, "fetch_files": ["a\x00b"]}}, 422, "names no file")
+    await refused({**step, "action": {"image": IMAGE, "workdir": "/proc/x"}}, 422, "the working directory '/proc/x'")
+    await refused({**step, "action": {"image": ODD, "cmd": "true"}}, 422, "/etc/passwd is not a regular file")
+    files = {"/proc/self/comm": "pwned"}
+    await refused(
+        {**step, "action": {"image": IMAGE, "files": files, "user": "root"}}, 422, "not a file of the sandbox's own"
+    )
+    big = {"runner": "container", "options": {"image": IMAGE, "env": {"B": "x" * 100_000}}}
+    await refused(big, 413, "a session's options take at most", "/sessions")
+    # Nothing of that cost the node a jail, a link or its readiness.
+    assert (await http.get("/readyz")).status_code == 200
+    assert (await run(http, "echo fine"))["observation"]["stdout"] == "fine\n"
+    # A variable name the shell cannot export is left out, not a broken session.
+    sid = await session(http, env={"é": "1", "OK": "2"})
+    assert (await shell(http, sid, "echo $OK"))["observation"]["stdout"] == "2\n"

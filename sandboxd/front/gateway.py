@@ -65,6 +65,7 @@ from sandboxd.tally import INFLIGHT, Tally
 log = logging.getLogger("sandboxd.front")
 FORK_FORWARD_TIMEOUT_S = 300.0  # a fork of many browser copies loads a page per copy
 NODE_START_MARGIN_S = 60.0  # the node process's own start, beyond its workers' (worker_start_timeout_s)
+MAX_OPTIONS_BYTES = 64 << 10  # a session's options as JSON: they cross the node link whole, and are settings
 
 
 def as_json(value: Any, what: str) -> bytes:
@@ -423,7 +424,11 @@ class Gateway:
         kind = self.kind(req.runner)
         if kind.no_sessions:
             raise BadRequest(f"runner {req.runner!r} has no sessions: {kind.no_sessions}")
-        as_json(req.options, "options")
+        options = as_json(req.options, "options")
+        if len(options) > MAX_OPTIONS_BYTES:
+            raise PayloadTooLarge(
+                f"options is {len(options)} bytes as JSON; a session's options take at most {MAX_OPTIONS_BYTES}"
+            )
         assert self.links.node is not None
         fields: CreateCall = {
             "tenant": tenant,

@@ -50,12 +50,19 @@ class RunConfig:
     @classmethod
     def of(cls, config: dict[str, Any]) -> RunConfig:
         c = config.get("config") or {}
+
+        def strings(name: str) -> list[str]:
+            value = c.get(name) or []
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{name} must be a list of strings, not {type(value).__name__}")
+            return value
+
         return cls(
-            env=[str(e) for e in c.get("Env") or []],
+            env=strings("Env"),
             working_dir=str(c.get("WorkingDir") or "/"),
             user=str(c.get("User") or ""),
-            entrypoint=[str(a) for a in c.get("Entrypoint") or []],
-            cmd=[str(a) for a in c.get("Cmd") or []],
+            entrypoint=strings("Entrypoint"),
+            cmd=strings("Cmd"),
         )
 
 

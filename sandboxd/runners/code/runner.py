@@ -82,7 +82,6 @@ class CodeRunner:
         self.pool = SlotPool(cfg, ctx.runtime_dir / ctx.name, self.execs)
         self.cache = CompileCache(cfg.compile_cache_dir, cfg.compile_cache_mb << 20)
         self.root: CgroupRoot | None = None
-        self._healer: asyncio.Task[None] | None = None
 
     def capacity(self) -> int:
         return self.pool.capacity()
@@ -101,20 +100,9 @@ class CodeRunner:
             await asyncio.to_thread(self.root.group.remove)
 
     async def health(self) -> dict[str, Any]:
-        alive, total = self.pool.alive()
-        if alive < total and (self._healer is None or self._healer.done()):
-            self._healer = asyncio.create_task(self.pool.heal())
         if self.execs.leftovers:
             await self.execs.retry()
-        return {
-            "capacity": self.capacity(),
-            "free_slots": self.pool.free_slots(),
-            "burst_slots": self.burst_capacity(),
-            "jails_alive": alive,
-            "jails_total": total,
-            "ready": alive == total,
-            **self.stats,
-        }
+        return self.pool.health(*self.pool.alive(), self.pool.heal)
 
     async def open_session(self, session_id: str, options: dict[str, Any]) -> None:
         raise BadRequest("the code runner runs one-shot steps (compile and run); sessions are the python kind's")

@@ -8,7 +8,7 @@ import shlex
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sandboxd.runners.jail.models import MAX_NAME_BYTES, MAX_PATH_BYTES, ExecutionObservation, StepFiles
+from sandboxd.runners.jail.models import MAX_PATH_BYTES, ExecutionObservation, StepFiles, check_path_length
 
 ENV_NAME = re.compile(r"[^=\x00]{1,256}")
 USER = re.compile(r"[A-Za-z0-9_.\-]{1,64}(:[A-Za-z0-9_.\-]{1,64})?")
@@ -16,7 +16,15 @@ MAX_ENV = 256
 MAX_ARGS = 4096
 
 
+MAX_ENV_BYTES = 256 << 10  # names and values of one step's (or session's) variables
+
+
 def _check_env(env: dict[str, str]) -> dict[str, str]:
+    size = sum(
+        len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass")) for k, v in env.items()
+    )
+    if size > MAX_ENV_BYTES:
+        raise ValueError(f"env holds {size} bytes; at most {MAX_ENV_BYTES}")
     for key, value in env.items():
         if not ENV_NAME.fullmatch(key):
             raise ValueError(f"env: {key[:40]!r} is not a variable name (no '=' or NUL, 1..256 bytes)")
@@ -44,11 +52,7 @@ class ContainerFiles(StepFiles):
                 raise ValueError(f"file path names no file: {path!r}")
             if not path.startswith("/") and (norm == ".." or norm.startswith("../")):
                 raise ValueError(f"a relative file path must stay inside the working directory: {path!r}")
-            if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
-                raise ValueError(f"file path longer than {MAX_PATH_BYTES} bytes: {path[:40]!r}...")
-            long = [p for p in norm.split("/") if len(p.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES]
-            if long:
-                raise ValueError(f"file name component longer than {MAX_NAME_BYTES} bytes: {long[0][:40]!r}...")
+            check_path_length(path, norm)
         return files
 
 
@@ -89,6 +93,15 @@ class ContainerAction(ContainerFiles):
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
     _workdir = field_validator("workdir")(classmethod(lambda cls, v: _check_workdir(v)))
+
+    @field_validator("fetch_files")
+    @classmethod
+    def _fetch(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if not path or "\x00" in path:
+                raise ValueError(f"fetch_files: {path[:40]!r} names no file")
+            check_path_length(path, posixpath.normpath(path))
+        return paths
 
     @field_validator("user")
     @classmethod

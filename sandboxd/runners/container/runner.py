@@ -23,7 +23,15 @@ from typing import Any
 
 from nsjail.config import IdMap, MountPt, NsJailConfig
 
-from sandboxd.errors import BadRequest, NodePressure, NotFound, SandboxSetupError, SessionLost, UnknownSession
+from sandboxd.errors import (
+    BadRequest,
+    NodePressure,
+    NotFound,
+    PayloadTooLarge,
+    SandboxSetupError,
+    SessionLost,
+    UnknownSession,
+)
 from sandboxd.images.store import Image, ImageStore
 from sandboxd.images.unpack import ID_COUNT, IdRange, Limits
 from sandboxd.runners.base import RunnerContext, StepLimits, StepOutcome, refuse_at_session_cap
@@ -43,6 +51,18 @@ log = logging.getLogger(__name__)
 MAX_LAYERS = 56
 LAYERS = "/opt/sandboxd/layers"  # jailside/rootfs.py's LAYERS: where the jail sees the store's layers/
 ENTER_TIMEOUT_S = 30.0  # a session's root made and entered (a mount and a pivot: milliseconds on a quiet node)
+
+
+def fits(header: dict[str, Any]) -> None:
+    """The command, its environment and its paths travel in the request's header, as the sandbox decodes it
+    (its JSON escapes control characters sixfold): past the header's limit the sandbox would drop the channel,
+    and the step would read as the node's failure. The step's own error, before anything starts."""
+    size = len(wire.encode(header)) - wire.PREFIX.size
+    if size > wire.MAX_HEADER_BYTES:
+        raise PayloadTooLarge(
+            f"the step's command, environment and paths are {size} bytes as the sandbox receives them "
+            f"(JSON); a step carries at most {wire.MAX_HEADER_BYTES}"
+        )
 
 
 @dataclass
@@ -74,7 +94,6 @@ class ContainerRunner:
         self.sessions: dict[str, Session] = {}
         self._images: dict[str, tuple[tuple[int, int], Image]] = {}
         self._seq = 0
-        self._healer: asyncio.Task[None] | None = None
 
     def shape(self, config: NsJailConfig) -> None:
         """The jail of a container: root inside is the store's base uid outside, and ids 0..65535 map onto the
@@ -125,20 +144,9 @@ class ContainerRunner:
         alive, total = self.pool.alive()
         if self.session_jail is not None:
             alive, total = alive + self.session_jail.alive, total + 1
-        if alive < total and (self._healer is None or self._healer.done()):
-            self._healer = asyncio.create_task(self._heal())
         if self.execs.leftovers:
             await self.execs.retry()
-        return {
-            "capacity": self.capacity(),
-            "free_slots": self.pool.free_slots(),
-            "burst_slots": self.burst_capacity(),
-            "sessions": len(self.sessions),
-            "jails_alive": alive,
-            "jails_total": total,
-            "ready": alive == total,
-            **self.stats,
-        }
+        return self.pool.health(alive, total, self._heal, sessions=len(self.sessions))
 
     async def _heal(self) -> None:
         await self.pool.heal()
@@ -202,6 +210,7 @@ class ContainerRunner:
         header["exec"] = {"argv": self.argv(image, action.cmd)}
         header["fetch"] = list(action.fetch_files)
         header["fetch_max_bytes"] = self.cfg.max_fetch_bytes
+        fits(header)
         body = b"".join(data for _, data in files) + stdin
         async with self.pool.acquire() as slot:
             outcome = await self.pool.run(slot, header, body, limits)
@@ -230,8 +239,10 @@ class ContainerRunner:
             await self.execs.remove_cgroup(cg)
             raise
         self.stats["sandbox_starts"] += 1
+        root = self.root_spec(image, opts.env, opts.user, opts.workdir)
+        fits({"op": "enter", "root": root})
         try:
-            await self._enter(executor, self.root_spec(image, opts.env, opts.user, opts.workdir))
+            await self._enter(executor, root)
         except BaseException:
             executor.close()
             await self.execs.remove_cgroup(cg)
@@ -269,6 +280,7 @@ class ContainerRunner:
         stdin = action.stdin.encode()
         header = self.execs.header(limits, files, stdin)
         header["command"] = action.command()
+        fits(header)
         body = b"".join(data for _, data in files) + stdin
         async with sess.lock:
             header["tag"] = secrets.randbits(62)

@@ -21,12 +21,17 @@ def check_relative_paths(files: dict[str, str]) -> dict[str, str]:
         norm = posixpath.normpath(path)
         if not path or path.startswith("/") or norm in (".", "..") or norm.startswith("../") or "\x00" in path:
             raise ValueError(f"file path must be relative and stay inside the workdir: {path!r}")
-        if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
-            raise ValueError(f"file path longer than {MAX_PATH_BYTES} bytes: {path[:40]!r}...")
-        long = [p for p in norm.split("/") if len(p.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES]
-        if long:
-            raise ValueError(f"file name component longer than {MAX_NAME_BYTES} bytes: {long[0][:40]!r}...")
+        check_path_length(path, norm)
     return files
+
+
+def check_path_length(path: str, norm: str) -> None:
+    """A path the kernel takes: at most ``MAX_PATH_BYTES``, each component at most ``MAX_NAME_BYTES``."""
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise ValueError(f"file path longer than {MAX_PATH_BYTES} bytes: {path[:40]!r}...")
+    long = [p for p in norm.split("/") if len(p.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES]
+    if long:
+        raise ValueError(f"file name component longer than {MAX_NAME_BYTES} bytes: {long[0][:40]!r}...")
 
 
 class StepFiles(BaseModel):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,9 +64,28 @@ class SlotPool:
         self.root: CgroupRoot | None = None
         self._cold = asyncio.Semaphore(cfg.slots_per_worker + cfg.burst_slots_per_worker)  # warm_pool=False
         self._cold_seq = 0
+        self._healer: asyncio.Task[None] | None = None
 
     def capacity(self) -> int:
         return self.cfg.slots_per_worker
+
+    def health(
+        self, alive: int, total: int, heal: Callable[[], Coroutine[Any, Any, None]], **extra: Any
+    ) -> dict[str, Any]:
+        """A jailed kind's health: its jails (``alive`` of ``total``, the pool's and its own; while one is dead,
+        ``heal`` runs, one at a time, before a step lands there), its slots, ``extra`` and its counters."""
+        if alive < total and (self._healer is None or self._healer.done()):
+            self._healer = asyncio.create_task(heal())
+        return {
+            "capacity": self.capacity(),
+            "free_slots": self.free_slots(),
+            "burst_slots": self.burst_capacity(),
+            **extra,
+            "jails_alive": alive,
+            "jails_total": total,
+            "ready": alive == total,
+            **self.execs.stats,
+        }
 
     def burst_capacity(self) -> int:
         """Slots for tenants below their fair share only (the worker's admission decides who takes them)."""

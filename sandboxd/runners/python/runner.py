@@ -93,7 +93,6 @@ class PythonRunner:
         self.session_jails: list[SessionJail] = []
         self.sessions: dict[str, Session] = {}
         self.root: CgroupRoot | None = None
-        self._healer: asyncio.Task[None] | None = None
         self._leftover_dirs: list[tuple[Lineage, str]] = []  # closed copies' files not all deleted yet
         self._sandbox_seq = 0
         # The environments, numbered as the jails' zygotes number them; the default one, if it was built.
@@ -191,20 +190,9 @@ class PythonRunner:
         alive, total = self.pool.alive()
         alive += sum(sj.jail.alive for sj in self.session_jails)
         total += len(self.session_jails)
-        if alive < total and (self._healer is None or self._healer.done()):
-            self._healer = asyncio.create_task(self._heal())
         if self.execs.leftovers or self._leftover_dirs:
             await self._retry_leftovers()
-        return {
-            "capacity": self.capacity(),
-            "free_slots": self.pool.free_slots(),
-            "burst_slots": self.burst_capacity(),
-            "sessions": len(self.sessions),
-            "jails_alive": alive,
-            "jails_total": total,
-            "ready": alive == total,
-            **self.stats,
-        }
+        return self.pool.health(alive, total, self._heal, sessions=len(self.sessions))
 
     async def _heal(self) -> None:
         """Restart dead jails before a step lands on them (health checks call this; /readyz says 503 meanwhile).

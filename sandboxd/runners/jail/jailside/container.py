@@ -75,7 +75,7 @@ def session(
     os.close(oom_adj)
     _outputs(out_w, err_w)
     staging.set_stdin(b"")
-    exports = "".join(f"export {key}={_quote(value)}\n" for key, value in env.items() if key.isidentifier())
+    exports = "".join(f"export {key}={_quote(value)}\n" for key, value in env.items() if _shell_name(key))
     running = [0]
 
     def interrupt(signum: int, frame: Any) -> None:
@@ -195,6 +195,12 @@ def _command(command: str, exports: str, cwd: str, running: list[int]) -> tuple[
     finally:
         os.close(given)
         os.close(saved)
+
+
+def _shell_name(key: str) -> bool:
+    """A name the shell exports (POSIX: ASCII letters, digits, ``_``, not first a digit); others are kept
+    from the shell's environment, as a runtime's ``sh`` would drop them."""
+    return key.isascii() and key.isidentifier()
 
 
 def _quote(value: str) -> str:

@@ -34,7 +34,6 @@ LAYERS = "/opt/sandboxd/layers"  # the store's layers/ (runners/container/runner
 SCRATCH = "/tmp"
 ROOT = SCRATCH + "/root"
 MNT_DETACH = 2
-SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, PR_SET_DUMPABLE = 24, 28, 47, 4, 4
 # Root's capabilities in a container: CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID,
 # NET_BIND_SERVICE (Docker's set without MKNOD, NET_RAW, SETPCAP, SETFCAP, SYS_CHROOT, AUDIT_WRITE).
@@ -60,21 +59,32 @@ def _check(rc: int, what: str) -> None:
 
 def enter(spec: dict[str, Any]) -> tuple[dict[str, str], str, int]:
     """Build the root and enter it as the image's user; the environment, working directory and uid the
-    program starts with. Capabilities and seccomp come after, in ``lock``."""
+    program starts with. Capabilities and seccomp come after, in ``lock``. Once in the image's root, whatever
+    fails is the image's or the step's (its user, its working directory, what its files are): ``ImageFault``."""
     _mount_root([str(layer) for layer in spec["layers"]])
     _pivot()
+    try:
+        return _settle(spec)
+    except OSError as exc:
+        raise ImageFault(f"{exc.strerror or exc}{f': {exc.filename!r}' if exc.filename else ''}") from None
+    except (ValueError, OverflowError) as exc:
+        raise ImageFault(str(exc)) from None
+
+
+def _settle(spec: dict[str, Any]) -> tuple[dict[str, str], str, int]:
     _hosts()
     uid, gid, groups, home = _user(str(spec.get("user") or ""))
     env = _environment(list(spec.get("env") or []), home)
-    cwd = str(spec.get("workdir") or "/")
-    if not cwd.startswith("/"):
-        cwd = "/" + cwd
+    cwd = os.path.normpath("/" + str(spec.get("workdir") or "/").lstrip("/"))
+    made = not os.path.lexists(cwd)
     try:
         os.makedirs(cwd, mode=0o755, exist_ok=True)
         os.chdir(cwd)
     except (NotADirectoryError, FileExistsError):
         raise ImageFault(f"the working directory {cwd!r} is not a directory in the image") from None
-    if cwd != "/" and os.stat(cwd).st_uid == 0 and uid != 0:
+    except OSError as exc:
+        raise ImageFault(f"the working directory {cwd!r}: {exc.strerror}") from None
+    if made and uid != 0:
         os.chown(cwd, uid, gid)  # made here for the user, as Docker makes a missing WorkingDir
     _become(uid, gid, groups)
     return env, cwd, uid
@@ -124,7 +134,8 @@ def _mount_root(layers: list[str]) -> None:
 def _hosts() -> None:
     """What a container runtime writes, so that localhost resolves. After the pivot only: the image's links
     (an ``/etc`` that points anywhere) resolve in its own root then, never in the jail's."""
-    if not os.path.lexists("/etc/hosts") and os.path.isdir("/etc"):
+    etc = os.lstat("/etc") if os.path.lexists("/etc") else None
+    if etc is not None and etc.st_mode & 0o170000 == 0o040000 and not os.path.lexists("/etc/hosts"):
         with open("/etc/hosts", "wb") as f:
             f.write(HOSTS)
 
@@ -144,17 +155,35 @@ def _directory(rel: str, mode: int) -> None:
 def _pivot() -> None:
     """The root becomes the container's; the jail's tree is detached (``pivot_root(".", ".")``, as runc)."""
     os.chdir(ROOT)
-    _check(libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")
+    _check(libc.syscall(seccomp.syscall_number("pivot_root"), b".", b"."), "pivot_root")
     _check(libc.umount2(b".", MNT_DETACH), "umount the jail's root")
     os.chdir("/")
 
 
+ACCOUNTS_MAX_BYTES = 4 << 20  # the image's /etc/passwd or /etc/group, read before anything of it runs
+
+
 def _entries(path: str) -> list[list[str]]:
+    """The lines of an accounts file: a regular file of bounded size (a FIFO, a device or an endless link is
+    the image's fault, refused at once, not a hang or a sandbox's memory)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return [line.rstrip("\n").split(":") for line in f if line.strip() and not line.startswith("#")]
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         return []
+    try:
+        st = os.fstat(fd)
+        if not (st.st_mode & 0o170000 == 0o100000) or st.st_size > ACCOUNTS_MAX_BYTES:
+            raise ImageFault(f"the image's {path} is not a regular file of at most {ACCOUNTS_MAX_BYTES} bytes")
+        data = os.read(fd, ACCOUNTS_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    text = data[:ACCOUNTS_MAX_BYTES].decode("utf-8", errors="replace")
+    return [line.split(":") for line in text.split("\n") if line.strip() and not line.startswith("#")]
+
+
+def _number(text: str) -> bool:
+    """A decimal number as an id is written (``"²".isdigit()`` is true, and ``int`` refuses it)."""
+    return text.isascii() and text.isdecimal() and len(text) <= 10
 
 
 def _user(spec: str) -> tuple[int, int, list[int], str]:
@@ -163,26 +192,28 @@ def _user(spec: str) -> tuple[int, int, list[int], str]:
     user, _, group = spec.partition(":")
     user = user or "0"
     passwd = _entries("/etc/passwd")
-    entry = next((e for e in passwd if len(e) >= 7 and (e[0] == user or (user.isdigit() and e[2] == user))), None)
-    if entry is None and not user.isdigit():
+    entry = next((e for e in passwd if len(e) >= 7 and (e[0] == user or (_number(user) and e[2] == user))), None)
+    if entry is None and not _number(user):
         raise ImageFault(f"user {user!r} is not in the image's /etc/passwd")
-    uid = int(user) if user.isdigit() else int(entry[2])  # type: ignore[index]
-    gid = int(entry[3]) if entry is not None and entry[3].isdigit() else 0
+    if entry is not None and not _number(entry[2]):
+        raise ImageFault(f"user {user!r} has no number in the image's /etc/passwd ({entry[2][:20]!r})")
+    uid = int(user) if _number(user) else int(entry[2])  # type: ignore[index]
+    gid = int(entry[3]) if entry is not None and _number(entry[3]) else 0
     home = entry[5] if entry is not None and entry[5] else "/"
     groups_db = _entries("/etc/group")
     if group:
-        if group.isdigit():
+        if _number(group):
             gid = int(group)
         else:
             found = next((g for g in groups_db if len(g) >= 3 and g[0] == group), None)
-            if found is None or not found[2].isdigit():
+            if found is None or not _number(found[2]):
                 raise ImageFault(f"group {group!r} is not in the image's /etc/group")
             gid = int(found[2])
     if not (0 <= uid < 65536 and 0 <= gid < 65536):
         raise ImageFault(f"user {spec!r} is {uid}:{gid}, outside the 0..65535 a container maps")
     name = entry[0] if entry is not None else None
     extra = sorted(
-        {int(g[2]) for g in groups_db if len(g) >= 4 and g[2].isdigit() and name and name in g[3].split(",")} - {gid}
+        {int(g[2]) for g in groups_db if len(g) >= 4 and _number(g[2]) and name and name in g[3].split(",")} - {gid}
     )
     return uid, gid, [gid, *(g for g in extra if g < 65536)], home
 
@@ -212,13 +243,26 @@ def _environment(image_env: list[str], home: str) -> dict[str, str]:
 
 def stage(req: dict[str, Any], body: bytes, cwd: str) -> bytes:
     """The step's files (relative to the working directory, or absolute: the whole root is the sandbox's),
-    written as its user; what follows them in the body is stdin."""
+    written as its user; what follows them in the body is stdin. A path that reaches this process's own
+    ``/proc`` entries (it is the sandbox's pid 1) is refused before a byte is written."""
     view = memoryview(body)
     pos = 0
     for path, size in req.get("files", []):
         full = os.path.normpath(path if path.startswith("/") else f"{cwd}/{path}")
         os.makedirs(os.path.dirname(full) or "/", exist_ok=True)
-        with open(full, "wb") as f:
-            f.write(view[pos : pos + size])
+        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o644)
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/proc/") or not _regular(fd):
+                raise ValueError(f"{path!r} is not a file of the sandbox's own file systems")
+            os.ftruncate(fd, 0)
+            chunk = view[pos : pos + size]
+            while chunk:
+                chunk = chunk[os.write(fd, chunk) :]
+        finally:
+            os.close(fd)
         pos += size
     return bytes(view[pos : pos + int(req.get("stdin_len", 0))])
+
+
+def _regular(fd: int) -> bool:
+    return os.fstat(fd).st_mode & 0o170000 == 0o100000

@@ -97,6 +97,12 @@ DENIED = [
     # behind each other while its group is under its quota, and those waits would read as a neighbour's
     # starvation (starvation.py); getting the affinity stays allowed.
     "sched_setaffinity",
+    # Kernel objects counted per user and charged up the user namespaces to the one that made the jails (the
+    # host's root): one sandbox holding its 128 inotify instances or its message-queue bytes left none for the
+    # node's other sandboxes, nor for root on the host (a red team's). No program here needs them.
+    "inotify_init",
+    "inotify_init1",
+    "mq_open",
 ]
 
 # (audit arch, syscall table); numbers from the kernel's uapi headers, checked against libseccomp's resolver for
@@ -150,6 +156,9 @@ _X86_64 = (
         "io_uring_setup": 425,
         "io_uring_enter": 426,
         "io_uring_register": 427,
+        "inotify_init": 253,
+        "inotify_init1": 294,
+        "mq_open": 240,
         "sched_setaffinity": 203,
         "clone": 56,
         "clone3": 435,
@@ -235,6 +244,8 @@ _AARCH64 = (
         "io_uring_setup": 425,
         "io_uring_enter": 426,
         "io_uring_register": 427,
+        "inotify_init1": 26,
+        "mq_open": 180,
         "sched_setaffinity": 122,
         "clone": 220,
         "clone3": 435,
@@ -404,6 +415,11 @@ class _SockFprog(ctypes.Structure):
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def syscall_number(name: str, machine: str | None = None) -> int:
+    """A system call's number on this machine (for a raw ``syscall()``), from the checked tables."""
+    return _TABLES[(machine or platform.machine()).lower()][1][name]
 
 
 def install(program: bytes) -> None:
