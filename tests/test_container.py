@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.node
 IMAGE = "agent/work:1"
 SWE = "swe/calc:1"
 ODD = "odd/accounts:1"
-PYTHON = "python3.11"
+PYTHON = os.path.basename(os.path.realpath("/usr/bin/python3"))  # the system's (python3.11 here, 3.13 on trixie)
 # A SWE-style task: a repository with a failing test, in an image with its interpreter and git.
 REPO = layer(
     ("dir", "repo", 0o755, 1000),
@@ -114,6 +115,7 @@ async def shell(http: httpx.AsyncClient, sid: str, cmd: str, **fields: Any) -> d
 # ---------------------------------------------------------------------------------------------- one-shots
 
 
+@pytest.mark.vm  # overlayfs in a user namespace, the id map, cgroup v2 limits: the guest's too
 async def test_a_one_shot_runs_as_the_image_says(http: httpx.AsyncClient, store: ImageStore) -> None:
     image = store.get(IMAGE)
     out = await run(http)  # the image's Cmd, as its User, in its WorkingDir
@@ -171,6 +173,7 @@ async def test_bad_steps_are_the_clients_and_named(http: httpx.AsyncClient) -> N
 # ---------------------------------------------------------------------------------------------- sessions
 
 
+@pytest.mark.vm  # overlayfs in a user namespace, the id map, cgroup v2 limits: the guest's too
 async def test_a_session_is_one_shell(http: httpx.AsyncClient) -> None:
     sid = await session(http, env={"MODE": "test"})
     out = await shell(http, sid, "echo $MODE $GREETING; export A=1; B=2; cd /tmp; echo kept > note")
@@ -231,6 +234,7 @@ async def test_sandboxes_of_one_image_see_nothing_of_each_other(http: httpx.Asyn
     assert (await shell(http, a, "cat /work/only-a"))["observation"]["stdout"] == "a\n"
 
 
+@pytest.mark.vm  # overlayfs in a user namespace, the id map, cgroup v2 limits: the guest's too
 async def test_a_hostile_command_stays_in_its_sandbox(http: httpx.AsyncClient) -> None:
     out = await run(
         http,
@@ -249,6 +253,7 @@ async def test_a_hostile_command_stays_in_its_sandbox(http: httpx.AsyncClient) -
 # ---------------------------------------------------------------------------------------------- limits
 
 
+@pytest.mark.vm  # overlayfs in a user namespace, the id map, cgroup v2 limits: the guest's too
 async def test_limits_and_verdicts_are_the_jail_cores(http: httpx.AsyncClient) -> None:
     out = await run(http, "sleep 10", timeout_s=1)
     assert out["error"]["code"] == "program_timeout" and "time" in out["observation"]["limits_hit"], out

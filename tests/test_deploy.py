@@ -369,6 +369,7 @@ def test_vm_test_plans_each_platform_and_refuses_what_it_cannot_boot() -> None:
     )  # fmt: skip
     chosen = [line for line in r.stdout.splitlines() if "::" in line]
     areas = {"test_python_api", "test_pressure", "test_python_fork", "test_sql", "test_browser", "test_fronts"}
+    areas |= {"test_container"}
     assert {c.split("::")[0].removeprefix("tests/").removesuffix(".py") for c in chosen} >= areas, chosen
     assert {c for c in chosen if c.startswith("tests/test_code.py")} == {
         f"tests/test_code.py::{t}[cpp]"
