@@ -202,9 +202,18 @@ class ImageStore:
 
     @staticmethod
     def _write(path: Path, doc: dict[str, Any]) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        """Whole or not at all, and a name of its own while written: every worker of a node prepares the store
+        at once (``store.json``)."""
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(doc, indent=1, sort_keys=True))
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
     def images(self) -> list[Image]:
         images = self.root / "images"
