@@ -14,7 +14,7 @@ from sandboxd.runners.jail.admit import check_limits, check_payload
 def _admit(action: Any, limits: StepLimits, cfg: Any) -> None:
     """Payload caps (the command, stdin and files) and limits within the node's."""
     assert isinstance(action, ContainerAction)
-    check_payload(action, action.command() if action.cmd is not None else "", action.stdin, cfg)
+    check_payload(action, action.command() if action.cmd is not None else "", action.stdin, cfg, "cmd")
     check_limits(limits, cfg)
 
 

@@ -9,10 +9,11 @@ from sandboxd.runners.jail.config import JailConfig
 from sandboxd.runners.jail.models import StepFiles
 
 
-def check_payload(action: StepFiles, code: str, stdin: str, cfg: JailConfig) -> None:
-    """A program, its stdin and its files within this node's caps (python and code steps alike), or a 413."""
+def check_payload(action: StepFiles, code: str, stdin: str, cfg: JailConfig, code_field: str = "code") -> None:
+    """A program (``code_field``: where the action has it), its stdin and its files within this node's caps
+    (every jailed kind's steps alike), or a 413."""
     for what, size, cap in (
-        ("code", len(code.encode()), cfg.max_code_bytes),
+        (code_field, len(code.encode()), cfg.max_code_bytes),
         ("stdin", len(stdin.encode()), cfg.max_stdin_bytes),
         ("files", sum(len(data) for _, data in action.file_bytes()), cfg.max_files_bytes),
     ):
