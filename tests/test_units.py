@@ -108,6 +108,29 @@ def test_cgroup_v2_files(tmp_path: Path) -> None:
     assert (c.oom_kills, c.pids_max_hits) == (1, 7)
 
 
+def test_cgroup_v2_without_local_pids_events_renews_a_slot_its_fork_bomb_left_at_its_peak(tmp_path: Path) -> None:
+    """Kernel 6.1 (cgroup v2, no ``pids.events.local``): a slot whose fork bomb left ``pids.peak`` at its limit
+    gets a fresh group with the same limits, as on v1; the peak alone tells its later refusals apart. With
+    ``pids.events.local`` (6.12) the counters do, and nothing is renewed."""
+    slot = tmp_path / "slot0"
+    slot.mkdir()
+    g = CgroupGroup({"unified": slot}, 2)
+    g.set_limits(64 << 20, 32)
+    g.set_cpu(1.0)
+    (slot / "pids.peak").write_text("32\n")
+    (slot / "cgroup.procs").write_text("")
+    assert g.pids_peak_reached()
+    g.renew_pids()
+    fresh = g.dirs["unified"]
+    assert fresh == tmp_path / "slot0~1" and fresh.is_dir()
+    assert (fresh / "pids.max").read_text() == "32" and (fresh / "memory.max").read_text() == str(64 << 20)
+    assert (fresh / "cpu.max").read_text().startswith("100000 ")
+    assert [p.name for p in g.procs_files] == ["cgroup.procs"] and g.procs_files[0].parent == fresh
+    (fresh / "pids.events.local").write_text("max 0\n")
+    (fresh / "pids.peak").write_text("32\n")
+    assert not g.pids_peak_reached()
+
+
 def test_cgroup_v1_counters(tmp_path: Path) -> None:
     mem, pids = tmp_path / "memory", tmp_path / "pids"
     mem.mkdir()

@@ -270,9 +270,14 @@ class CgroupGroup:
         return True
 
     def pids_peak_reached(self) -> bool:
-        """v1: the group's ``pids.peak`` stands at its ``pids.max`` (a fork bomb ran here), so that later
-        refusals could no longer be told apart (``renew_pids``)."""
-        return self.version == 1 and self._pids_peak_vs_limit(self.dirs["pids"]) is True
+        """The group's ``pids.peak`` stands at its ``pids.max`` (a fork bomb ran here) where the peak is all
+        there is to tell its own refusals from a parent's (v1, and v2 before ``pids.events.local``), so that
+        later refusals could no longer be told apart (``renew_pids``). Kernel 6.1 with cgroup v2: a slot's
+        fork bomb left the honest program after it, refused by its pod's limit, blamed (``program_exit``)."""
+        d = self.dirs["pids" if self.version == 1 else "unified"]
+        if self.version == 2 and (d / "pids.events.local").exists():
+            return False
+        return self._pids_peak_vs_limit(d) is True
 
     @staticmethod
     def _pids_peak_vs_limit(d: Path) -> bool | None:
@@ -281,13 +286,24 @@ class CgroupGroup:
         return None if peak < 0 or limit is None else peak >= limit
 
     def renew_pids(self) -> None:
-        """v1: move everything in this group's pids group to a fresh one with the same limit (the pids
-        controller moves the charges), and remove the old: its peak starts again from what is there."""
-        old = self.dirs["pids"]
+        """Move everything in this group's pids group to a fresh one with the same limits, and remove the old:
+        its peak starts again from what is there. v1: the pids hierarchy alone (the controller moves the
+        charges). v2: the whole group, each limit copied (memory charged so far stays with the old group,
+        which goes once its last page does)."""
+        which = "pids" if self.version == 1 else "unified"
+        old = self.dirs[which]
         self._generation += 1
         new = old.parent / f"{old.name.split('~')[0]}~{self._generation}"
         new.mkdir(exist_ok=True)
-        (new / "pids.max").write_text((old / "pids.max").read_text().strip())
+        limits = (
+            ("pids.max",)
+            if self.version == 1
+            else ("pids.max", "memory.max", "memory.swap.max", "cpu.max", "cpu.weight")
+        )
+        for name in limits:
+            with contextlib.suppress(FileNotFoundError):
+                value = (old / name).read_text().strip()
+                (new / name).write_text(value)
         for _ in range(50):  # a fork in flight lands in the old group: move until it is empty
             pids = [p for p in (old / "cgroup.procs").read_text().split() if p]
             if not pids:
@@ -295,7 +311,7 @@ class CgroupGroup:
             for pid in pids:
                 with contextlib.suppress(OSError):  # gone meanwhile
                     (new / "cgroup.procs").write_text(pid)
-        self.dirs["pids"] = new
+        self.dirs[which] = new
         for path in [p for p in list(self._fds) if p.startswith(f"{old}/")]:
             with contextlib.suppress(OSError):
                 os.close(self._fds.pop(path))

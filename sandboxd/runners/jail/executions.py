@@ -184,8 +184,9 @@ class Executions:
                 raise SandboxSetupError(f"sandbox {jail.name}: its jail ended mid-step")
         outcome = self.observe(result, out, before, after, cg)
         if after.pids_max_hits > before.pids_max_hits and cg.pids_peak_reached():
-            # A fork bomb left the slot's peak at its limit for good (v1): later refusals by a parent's limit
-            # would be blamed on the program that meets them. The slot's pids group starts afresh.
+            # A fork bomb left the slot's peak at its limit for good (v1; v2 without pids.events.local): later
+            # refusals by a parent's limit would be blamed on the program that meets them. The slot's pids group
+            # starts afresh.
             await asyncio.to_thread(cg.renew_pids)
         return outcome
 
