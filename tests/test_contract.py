@@ -10,8 +10,11 @@ when a session closes. One worker, so the caps are the node's.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,6 +38,7 @@ class Probe:
     read: dict[str, Any]
     value: Callable[[dict[str, Any]], Any]  # from a read step's whole result
     written: Any
+    options: dict[str, Any] = field(default_factory=dict)  # what a session of the kind is opened with
 
 
 PROBES: dict[str, Probe] = {
@@ -63,6 +67,13 @@ PROBES: dict[str, Probe] = {
         1,
     ),
     "fake": Probe({"set": {"secret": "A"}}, {"get": "secret"}, lambda r: r["observation"]["value"], "A"),
+    "container": Probe(
+        {"cmd": "export SECRET=A"},
+        {"cmd": "echo ${SECRET:-none}"},
+        lambda r: r["observation"]["stdout"],
+        "A\n",
+        {"image": "contract/shell:1"},
+    ),
     "browser": Probe(
         {
             "actions": [
@@ -93,8 +104,27 @@ def test_every_registered_kind_resolves_and_has_a_probe() -> None:
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def images() -> Iterator[str]:
+    """An image store with a shell image (the container kind's sessions); under /var/tmp: the jails pass its
+    parents."""
+    from sandboxd.images.store import ImageStore
+    from sandboxd.images.unpack import IdRange, Limits
+    from tests.imagebuild import host_image
+
+    root = Path(tempfile.mkdtemp(prefix="sandboxd-contract-", dir="/var/tmp"))
+    root.chmod(0o755)
+    try:
+        store = ImageStore(root / "store", Limits(64 << 20, 10_000), IdRange(2_000_000_000))
+        store.import_image(host_image(root / "oci", "contract/shell:1", Env=["PATH=/usr/bin:/bin"]))
+        yield str(store.root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, images: str) -> Iterator[str]:
     settings: dict[str, object] = {
+        "images_dir": images,
         "runners": '["' + '","'.join(KINDS) + '"]',
         "workers": 1,
         "reap_interval_s": 0.2,
@@ -111,7 +141,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 async def open_session(http: httpx.AsyncClient, kind: str, **fields: Any) -> str:
-    r = await http.post("/sessions", json={"runner": kind, **fields})
+    options = PROBES[kind].options if kind in PROBES else {}
+    r = await http.post("/sessions", json={"runner": kind, "options": options, **fields})
     assert r.status_code == 201, r.text
     sid: str = r.json()["session_id"]
     return sid
@@ -225,7 +256,7 @@ async def test_a_step_for_another_kind_is_refused(http: httpx.AsyncClient, kind:
 async def test_the_session_cap_is_a_429_with_retry_after(http: httpx.AsyncClient, kind: str) -> None:
     held = [await open_session(http, kind) for _ in range(CAP)]
     try:
-        r = await http.post("/sessions", json={"runner": kind})
+        r = await http.post("/sessions", json={"runner": kind, "options": PROBES[kind].options})
         assert r.status_code == 429, r.text
         assert int(r.headers["Retry-After"]) >= 1
         err = r.json()["error"]
