@@ -168,11 +168,10 @@ class Channel(asyncio.Protocol):
         header["id"] = msg_id
         header["op"] = op
         data = frame(header, body)
-        if len(data) - 8 - len(body) > MAX_HEADER_BYTES or len(body) > MAX_BODY_BYTES:
+        head_len = len(data) - PREFIX.size - len(body)
+        if head_len > MAX_HEADER_BYTES or len(body) > MAX_BODY_BYTES:
             # The other end would close the link on it, failing every call in flight: the request's own error.
-            fut.set_exception(
-                PayloadTooLarge(f"{op}: {len(data) - 8 - len(body)} bytes of fields; a link carries {MAX_HEADER_BYTES}")
-            )
+            fut.set_exception(PayloadTooLarge(f"{op}: {head_len} bytes of fields; a link carries {MAX_HEADER_BYTES}"))
             return fut
         self.pending[msg_id] = fut
         self.transport.write(data)

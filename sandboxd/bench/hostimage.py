@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import re
@@ -83,7 +84,7 @@ def _add(tar: tarfile.TarFile, name: str, kind: str, data: bytes = b"", mode: in
         info.type, info.linkname = tarfile.SYMTYPE, link
     else:
         info.size = len(data)
-    tar.addfile(info, __import__("io").BytesIO(data) if kind == "file" else None)
+    tar.addfile(info, io.BytesIO(data) if kind == "file" else None)
 
 
 def write_base_layer(path: Path) -> None:

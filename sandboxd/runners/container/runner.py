@@ -27,7 +27,6 @@ from sandboxd.errors import (
     BadRequest,
     NodePressure,
     NotFound,
-    PayloadTooLarge,
     SandboxSetupError,
     SessionLost,
     UnknownSession,
@@ -39,7 +38,7 @@ from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot, Counters
 from sandboxd.runners.container.config import SESSION_ZYGOTE_BYTES, ContainerRunnerConfig
 from sandboxd.runners.container.models import ContainerAction, ContainerObservation, ContainerSessionOptions
 from sandboxd.runners.jail.config import SLOT_OVERHEAD_PIDS
-from sandboxd.runners.jail.exchange import Executor, recv_frame
+from sandboxd.runners.jail.exchange import Executor, recv_frame, request_frame
 from sandboxd.runners.jail.executions import Executions
 from sandboxd.runners.jail.jail import Jail
 from sandboxd.runners.jail.jailside import wire
@@ -51,18 +50,6 @@ log = logging.getLogger(__name__)
 MAX_LAYERS = 56
 LAYERS = "/opt/sandboxd/layers"  # jailside/rootfs.py's LAYERS: where the jail sees the store's layers/
 ENTER_TIMEOUT_S = 30.0  # a session's root made and entered (a mount and a pivot: milliseconds on a quiet node)
-
-
-def fits(header: dict[str, Any]) -> None:
-    """The command, its environment and its paths travel in the request's header, as the sandbox decodes it
-    (its JSON escapes control characters sixfold): past the header's limit the sandbox would drop the channel,
-    and the step would read as the node's failure. The step's own error, before anything starts."""
-    size = len(wire.encode(header)) - wire.PREFIX.size
-    if size > wire.MAX_HEADER_BYTES:
-        raise PayloadTooLarge(
-            f"the step's command, environment and paths are {size} bytes as the sandbox receives them "
-            f"(JSON); a step carries at most {wire.MAX_HEADER_BYTES}"
-        )
 
 
 @dataclass
@@ -210,7 +197,6 @@ class ContainerRunner:
         header["exec"] = {"argv": self.argv(image, action.cmd)}
         header["fetch"] = list(action.fetch_files)
         header["fetch_max_bytes"] = self.cfg.max_fetch_bytes
-        fits(header)
         body = b"".join(data for _, data in files) + stdin
         async with self.pool.acquire() as slot:
             outcome = await self.pool.run(slot, header, body, limits)
@@ -226,6 +212,8 @@ class ContainerRunner:
         refuse_at_session_cap("container", len(self.sessions), self.cfg.max_sessions_per_worker, session_id)
         opts = ContainerSessionOptions.model_validate(options)  # checked at the node already
         image = self.image(opts.image)
+        # Refused before anything is made for it (a sandbox and its group made first leaked here).
+        enter = request_frame({"op": "enter", "root": self.root_spec(image, opts.env, opts.user, opts.workdir)})
         jail, host = self.session_jail, self.session_host
         assert jail is not None and host is not None
         await self.execs.ensure_jail(jail)
@@ -239,22 +227,20 @@ class ContainerRunner:
             await self.execs.remove_cgroup(cg)
             raise
         self.stats["sandbox_starts"] += 1
-        root = self.root_spec(image, opts.env, opts.user, opts.workdir)
-        fits({"op": "enter", "root": root})
         try:
-            await self._enter(executor, root)
+            await self._enter(executor, enter)
         except BaseException:
             executor.close()
             await self.execs.remove_cgroup(cg)
             raise
         self.sessions[session_id] = Session(session_id, executor, cg, image)
 
-    async def _enter(self, executor: Executor, root: dict[str, Any]) -> None:
+    async def _enter(self, executor: Executor, request: bytes) -> None:
         """The session's root made and entered: ``entered``, or why not, and whose fault that was."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(ENTER_TIMEOUT_S):
-                await loop.sock_sendall(executor.sock, wire.encode({"op": "enter", "root": root}))
+                await loop.sock_sendall(executor.sock, request)
                 reply, _ = await recv_frame(executor.sock, 8192, 0)
         except (TimeoutError, wire.WireError, OSError) as exc:
             raise SandboxSetupError(f"a container session's sandbox did not start: {exc!r}") from exc
@@ -280,7 +266,6 @@ class ContainerRunner:
         stdin = action.stdin.encode()
         header = self.execs.header(limits, files, stdin)
         header["command"] = action.command()
-        fits(header)
         body = b"".join(data for _, data in files) + stdin
         async with sess.lock:
             header["tag"] = secrets.randbits(62)

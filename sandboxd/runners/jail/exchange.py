@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandboxd.errors import PayloadTooLarge
 from sandboxd.runners.jail.jailside import wire
 from sandboxd.runners.starvation import Starvation
 
@@ -237,6 +238,20 @@ async def run_step(
         return await _run_step(ex, header, body, timeout_s, cap, kill_at, session, grace_s, account)
 
 
+def request_frame(header: dict[str, Any], body: bytes = b"") -> bytes:
+    """A request as the executor receives it, encoded once. Its header (a command, an environment, paths: JSON
+    escapes control characters sixfold) past what the executor reads would make it drop its channel, and the
+    step would read as the node's failure: the step's own error instead, before anything is sent."""
+    frame = wire.encode(header, body)
+    size = len(frame) - wire.PREFIX.size - len(body)
+    if size > wire.MAX_HEADER_BYTES:
+        raise PayloadTooLarge(
+            f"the step's command, environment and paths are {size} bytes as the sandbox receives them "
+            f"(JSON); a step carries at most {wire.MAX_HEADER_BYTES}"
+        )
+    return frame
+
+
 async def _run_step(
     ex: Executor,
     header: dict[str, Any],
@@ -248,6 +263,7 @@ async def _run_step(
     grace_s: float,
     account: Callable[[], Starvation] | None,
 ) -> tuple[dict[str, Any], Output]:
+    request = request_frame(header, body)
     loop = asyncio.get_running_loop()
     out = Output(cap, kill_at)
     done: asyncio.Future[None] = loop.create_future()
@@ -279,7 +295,7 @@ async def _run_step(
     step_exit: dict[str, Any] | None = None
     reading: asyncio.Future[tuple[dict[str, Any], bytes]] | None = None
     try:
-        await loop.sock_sendall(ex.sock, wire.encode(header, body))
+        await loop.sock_sendall(ex.sock, request)
         if not session and "fetch" in header:
             reading = asyncio.ensure_future(
                 recv_frame(ex.sock, wire.MAX_HEADER_BYTES, header.get("fetch_max_bytes", 0))
