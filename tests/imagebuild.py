@@ -7,25 +7,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sandboxd.bench.hostimage import GROUP, PASSWD, SHELL_TOOLS, parents, program_members, root_links, write_dir_layer
+from sandboxd.bench.hostimage import SHELL_TOOLS, base_entries, write_dir_layer
 from tests.test_images import Entry, layer, oci_layout
 
 
 def base_layer(extra: tuple[Entry, ...] = (), programs: tuple[str, ...] = SHELL_TOOLS) -> bytes:
-    """The shell and its tools (and ``programs``) with their libraries, the merged-/usr links, users and groups."""
-    members = program_members(programs)
-    entries: list[Entry] = [("dir", "etc"), ("dir", "tmp", 0o1777), ("dir", "root", 0o700), ("dir", "home")]
-    entries += [("sym", link, target) for link, target in root_links().items()]
-    entries += [("dir", d) for d in parents(list(members))]
-    for rel, (kind, *rest) in sorted(members.items()):
-        entries.append(("sym", rel, rest[0]) if kind == "sym" else ("file", rel, Path(rest[0]).read_bytes(), rest[1]))
-    entries += [
-        ("file", "etc/passwd", PASSWD.encode()),
-        ("file", "etc/group", GROUP.encode()),
-        ("dir", "home/agent", 0o755, 1000),
-        *extra,
-    ]
-    return layer(*entries)
+    """The shell and its tools (and ``programs``) with their libraries, the merged-/usr links, users and groups
+    (``hostimage.base_entries``), an agent's home, then ``extra``."""
+    return layer(*base_entries(programs), ("dir", "home/agent", 0o755, 1000), *extra)
 
 
 def dir_layer(directory: str) -> bytes:

@@ -87,22 +87,29 @@ def _add(tar: tarfile.TarFile, name: str, kind: str, data: bytes = b"", mode: in
     tar.addfile(info, io.BytesIO(data) if kind == "file" else None)
 
 
+def base_entries(programs: tuple[str, ...] = SHELL_TOOLS) -> list[tuple[Any, ...]]:
+    """The base layer's entries, in order: ``("dir", name, mode)``, ``("sym", name, target)``, ``("file", name,
+    data, mode)``: the root's directories and merged-/usr links, the programs with their libraries, the users."""
+    members = program_members(programs)
+    entries: list[tuple[Any, ...]] = [("dir", "etc", 0o755), ("dir", "tmp", 0o1777), ("dir", "root", 0o700)]
+    entries.append(("dir", "home", 0o755))
+    entries += [("sym", link, target) for link, target in root_links().items()]
+    entries += [("dir", d, 0o755) for d in parents(list(members))]
+    for rel, (kind, *rest) in sorted(members.items()):
+        entries.append(("sym", rel, rest[0]) if kind == "sym" else ("file", rel, Path(rest[0]).read_bytes(), rest[1]))
+    entries += [("file", "etc/passwd", PASSWD.encode(), 0o644), ("file", "etc/group", GROUP.encode(), 0o644)]
+    return entries
+
+
 def write_base_layer(path: Path) -> None:
-    members = program_members()
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        for d, mode in (("etc", 0o755), ("tmp", 0o1777), ("root", 0o700), ("home", 0o755)):
-            _add(tar, d, "dir", mode=mode)
-        for link, target in root_links().items():
-            _add(tar, link, "sym", link=target)
-        for d in parents(list(members)):
-            _add(tar, d, "dir")
-        for rel, (kind, *rest) in sorted(members.items()):
-            if kind == "sym":
-                _add(tar, rel, "sym", link=rest[0])
+        for kind, name, *rest in base_entries():
+            if kind == "dir":
+                _add(tar, name, "dir", mode=rest[0])
+            elif kind == "sym":
+                _add(tar, name, "sym", link=rest[0])
             else:
-                _add(tar, rel, "file", Path(rest[0]).read_bytes(), rest[1])
-        _add(tar, "etc/passwd", "file", PASSWD.encode(), 0o644)
-        _add(tar, "etc/group", "file", GROUP.encode(), 0o644)
+                _add(tar, name, "file", rest[0], rest[1])
 
 
 def write_dir_layer(path: Path, directory: str) -> None:
