@@ -57,7 +57,10 @@ async def tenant(node: str, key: str = KEY_A) -> AsyncIterator[httpx.AsyncClient
 
 
 async def run(c: httpx.AsyncClient, case: Case) -> dict[str, Any]:
-    r = await c.post("/rollout/step", json={"runner": "python", "action": case.action(), "timeout_s": TIMEOUT_S})
+    body: dict[str, Any] = {"runner": "python", "action": case.action(), "timeout_s": TIMEOUT_S}
+    if case.memory_mb:
+        body["limits"] = {"memory_mb": case.memory_mb}
+    r = await c.post("/rollout/step", json=body)
     data: dict[str, Any] = r.json()
     return data
 
@@ -191,7 +194,7 @@ async def run_code(c: httpx.AsyncClient, case: Case) -> str:
     """/run_code as verl sends it (files too); 504 (the node could not take or finish it in time) retried as
     verl retries it; the class verl scores."""
     body: dict[str, Any] = {"code": case.code, "language": "python", "run_timeout": TIMEOUT_S,
-                            "compile_timeout": TIMEOUT_S}  # fmt: skip
+                            "compile_timeout": TIMEOUT_S, "memory_limit_MB": case.memory_mb or -1}  # fmt: skip
     if case.files:
         body["files"] = {k: base64.b64encode(v.encode()).decode() for k, v in case.files.items()}
     for _ in range(6):
