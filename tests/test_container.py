@@ -218,6 +218,52 @@ async def test_session_steps_refuse_one_shot_fields(http: httpx.AsyncClient) -> 
     assert (await shell(http, sid, "echo still"))["observation"]["stdout"] == "still\n"
 
 
+async def cell(http: httpx.AsyncClient, sid: str, code: str, **fields: Any) -> dict[str, Any]:
+    return await step_ok(http, "container", {"code": code, **fields.pop("action", {})}, session_id=sid, **fields)
+
+
+async def test_python_cells_run_in_the_images_own_interpreter_and_keep_its_globals(http: httpx.AsyncClient) -> None:
+    r = await http.post("/sessions", json={"runner": "container", "options": {"image": SWE}})
+    assert r.status_code == 201, r.text
+    sid = r.json()["session_id"]
+    out = await cell(http, sid, "import sys, os\nx = 41\nprint(sys.version_info[:2], os.getcwd(), os.getuid())")
+    assert out["ok"], out["observation"]["stderr"]
+    assert out["observation"]["stdout"] == f"({PYTHON[6:].replace('.', ', ')}) /repo 1000\n", out
+    out = await cell(http, sid, "from calc import add\nprint(x + 1, add(5, 3), input())", action={"stdin": "in\n"})
+    assert out["observation"]["stdout"] == "42 2 in\n", out  # the image's module, beside the cell's cwd
+    out = await cell(http, sid, "def f():\n    raise ValueError('bad')\nf()")
+    obs = out["observation"]
+    assert obs["exit_code"] == 1 and out["error"]["code"] == "program_exit", out
+    assert "ValueError: bad" in obs["stderr"] and 'File "<cell 3>", line 2, in f' in obs["stderr"], obs["stderr"]
+    assert "cellhost" not in obs["stderr"] and "serve" not in obs["stderr"], obs["stderr"]
+    out = await cell(http, sid, "raise SystemExit(5)")
+    assert out["observation"]["exit_code"] == 5
+    out = await cell(http, sid, "while True:\n    x += 0", timeout_s=1)
+    assert out["error"]["code"] == "program_timeout" and out["observation"]["session_alive"], out
+    assert "KeyboardInterrupt" in out["observation"]["stderr"]
+    out = await cell(http, sid, "print(x)")  # interrupted, not killed: its globals stay
+    assert out["observation"]["stdout"] == "41\n", out
+    out = await cell(http, sid, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass",
+                     timeout_s=1)  # fmt: skip
+    assert out["error"]["code"] == "program_timeout" and out["observation"]["session_alive"], out
+    out = await cell(http, sid, "print(globals().get('x', 'gone'))")  # killed at last: a new kernel
+    assert out["observation"]["stdout"] == "gone\n", out
+    out = await shell(http, sid, "echo shell still; pwd")  # commands and cells share the session
+    assert out["observation"]["stdout"] == "shell still\n/repo\n"
+    out = await cell(http, sid, "import os\nos._exit(3)")
+    assert out["observation"]["exit_code"] == 3 and "kernel ended" in out["observation"]["stderr"], out
+    assert (await cell(http, sid, "print('again')"))["observation"]["stdout"] == "again\n"
+    assert (await http.delete(f"/sessions/{sid}")).status_code in (200, 204)
+    sid = await session(http)  # an image without python: the cell says so, the session stays
+    out = await cell(http, sid, "print(1)")
+    assert out["observation"]["exit_code"] == 127 and "need python3" in out["observation"]["stderr"], out
+    r = await http.post("/rollout/step", json={"runner": "container", "action": {"image": SWE, "code": "print(1)"}})
+    assert r.status_code == 422 and "python cells run in sessions" in r.json()["error"]["message"], r.text
+    r = await http.post("/rollout/step", json={"runner": "container", "session_id": sid,
+                                               "action": {"code": "1", "cmd": "true"}})  # fmt: skip
+    assert r.status_code == 422 and "not both" in r.text, r.text
+
+
 # ---------------------------------------------------------------------------------------------- isolation
 
 

@@ -6,7 +6,7 @@ import posixpath
 import re
 import shlex
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandboxd.runners.jail.models import MAX_PATH_BYTES, ExecutionObservation, StepFiles, check_path_length
 
@@ -71,6 +71,12 @@ class ContainerAction(ContainerFiles):
         "arguments, after the image's Entrypoint, replacing its Cmd (as `docker run IMAGE ARGS...`). Absent: the "
         "image's Entrypoint and Cmd. A session step takes a string (a list is quoted into one).",
     )
+    code: str | None = Field(
+        None,
+        description="Sessions: a python cell instead of a command, run by the image's own python3 (started on the "
+        "session's first cell, as its user, in its environment), whose globals the next cell sees, as in a python "
+        "session: an uncaught exception is exit code 1 with its traceback on stderr.",
+    )
     env: dict[str, str] = Field(
         default_factory=dict,
         max_length=MAX_ENV,
@@ -118,6 +124,12 @@ class ContainerAction(ContainerFiles):
         if isinstance(cmd, str) and "\x00" in cmd:
             raise ValueError("cmd holds a NUL byte")
         return cmd
+
+    @model_validator(mode="after")
+    def _one_program(self) -> ContainerAction:
+        if self.code is not None and self.cmd is not None:
+            raise ValueError("a step gives cmd (a command) or code (a python cell), not both")
+        return self
 
     def command(self) -> str:
         """A session's command: the string as it is, a list quoted into one."""

@@ -189,6 +189,8 @@ class ContainerRunner:
             return await self._session_step(session_id, action, limits)
         if action.image is None:
             raise BadRequest("action.image: a one-shot names its image (sandboxd image list)")
+        if action.code is not None:
+            raise BadRequest("action.code: python cells run in sessions; a one-shot runs python3 -c as its cmd")
         image = self.image(action.image)
         files = action.file_bytes()
         stdin = action.stdin.encode()
@@ -265,8 +267,13 @@ class ContainerRunner:
         files = action.file_bytes()
         stdin = action.stdin.encode()
         header = self.execs.header(limits, files, stdin)
-        header["command"] = action.command()
         body = b"".join(data for _, data in files) + stdin
+        if action.code is not None:
+            cell = action.code.encode("utf-8", "surrogatepass")
+            header["python_len"] = len(cell)
+            body += cell
+        else:
+            header["command"] = action.command()
         async with sess.lock:
             header["tag"] = secrets.randbits(62)
             if limits.memory_mb:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # inside the jail these are plain modules beside the zygote (no sandboxd package there)
@@ -37,6 +38,8 @@ WRAPPER = (
 )
 STAGE_FAILED = 125  # exchange.STAGE_FAILED: the step never ran, and its executor said why
 STATE_MAX_BYTES = 1 << 20  # what a session's exports may hold; more is kept as it was before the command
+CELL_HEAD = struct.Struct(">II")  # cellhost.py's HEAD: a cell's source and stdin lengths
+PYTHONS = ("python3", "python")  # a session's python kernel: the first of these on the session's PATH
 
 
 def oneshot(
@@ -67,6 +70,8 @@ def session(
 ) -> int:
     if req.get("op") != "enter":
         return 73
+    with open(os.path.join(os.path.dirname(__file__), "cellhost.py"), "rb") as f:
+        host_source = f.read()  # read before the pivot: the jail's files are not there after it
     entered = _enter(sock, req.get("root"), filter_program)
     if entered is None:
         return 0
@@ -76,17 +81,34 @@ def session(
     _outputs(out_w, err_w)
     staging.set_stdin(b"")
     exports = "".join(f"export {key}={_quote(value)}\n" for key, value in env.items() if _shell_name(key))
-    running = [0]
+    running = [0, 0]  # the pid of what runs now, and 1 when it is the python kernel
+    kernel = Kernel(host_source, env)
 
     def interrupt(signum: int, frame: Any) -> None:
-        """The step's deadline (the worker's SIGINT): its command and all it started end; the session stays."""
-        if running[0]:
+        """The step's deadline (the worker's SIGINT): a command and all it started end; a python cell is
+        interrupted (KeyboardInterrupt, its globals kept), and its kernel killed if it has not stopped within
+        half the worker's grace. The session stays."""
+        pid = running[0]
+        if not pid:
+            return
+        try:
+            if running[1]:
+                os.kill(pid, signal.SIGINT)
+                signal.setitimer(signal.ITIMER_REAL, kernel.grace_s)
+            else:
+                os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def overdue(signum: int, frame: Any) -> None:
+        if running[0] and running[1]:
             try:
                 os.killpg(running[0], signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
     signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGALRM, overdue)
     bound.send(sock, {"op": "entered"})
     while True:
         try:
@@ -102,9 +124,14 @@ def session(
             bound.send(sock, {"op": "stage_error", "error": str(exc), "tag": tag})
             continue
         staging.set_limits(req, session=True)
-        staging.set_stdin(stdin)
-        code, exports, cwd = _command(str(req.get("command", "")), exports, cwd, running)
-        _reap()
+        cell_len = req.get("python_len")
+        if type(cell_len) is int and 0 <= cell_len <= len(body):
+            kernel.grace_s = max(0.01, float(req.get("interrupt_grace_s", 1.0)) / 2)
+            code = kernel.run(body[len(body) - cell_len :], stdin, cwd, running)
+        else:
+            staging.set_stdin(stdin)
+            code, exports, cwd = _command(str(req.get("command", "")), exports, cwd, running)
+        kernel.reaped(_reap())
         bound.send(sock, {"op": "done", "exit_code": code, "tag": tag})
 
 
@@ -207,12 +234,130 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "'\\''") + "'"
 
 
-def _reap() -> None:
-    """As the session's pid 1: collect what its commands started and has ended (background jobs)."""
+def _reap() -> set[int]:
+    """As the session's pid 1: collect what its commands started and has ended (background jobs); their pids."""
+    ended: set[int] = set()
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return ended
         if pid == 0:
-            return
+            return ended
+        ended.add(pid)
+
+
+class Kernel:
+    """The session's python kernel (``cellhost.py`` in the image's interpreter), started by its first cell and
+    again after one that killed it (its globals are then gone, and the cell's stderr says so)."""
+
+    def __init__(self, source: bytes, env: dict[str, str]) -> None:
+        self.source = source
+        self.env = env
+        self.pid = 0
+        self.cells = self.status = -1
+        self.grace_s = 0.5
+
+    def run(self, source: bytes, stdin: bytes, cwd: str, running: list[int]) -> int:
+        """One cell; its status (128 + N when the kernel died of signal N)."""
+        if self.pid:
+            try:
+                ended = os.waitpid(self.pid, os.WNOHANG)[0]
+            except ChildProcessError:
+                ended = self.pid
+            if ended:  # it ended between cells (a thread's os._exit)
+                self._forget()
+        if not self.pid and not self._start(cwd):
+            return 127
+        frame = CELL_HEAD.pack(len(source), len(stdin)) + source + stdin
+        running[:] = [self.pid, 1]
+        try:
+            try:
+                view = memoryview(frame)
+                while view:
+                    view = view[os.write(self.cells, view) :]
+                got = b""
+                while len(got) < 4:
+                    chunk = os.read(self.status, 4 - len(got))
+                    if not chunk:
+                        break
+                    got += chunk
+            except OSError:  # its end of the pipe closed: it died
+                got = b""
+        finally:
+            running[:] = [0, 0]
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        if len(got) == 4:
+            rc: int = struct.unpack(">i", got)[0]
+            return rc
+        return self._died()
+
+    def _start(self, cwd: str) -> bool:
+        python = _on_path(PYTHONS, self.env.get("PATH", "/usr/local/bin:/usr/bin:/bin"))
+        if python is None:
+            os.write(2, b"sandboxd: python cells need python3 (or python) on the session's PATH; this image has none\n")
+            return False
+        cells_r, self_w = os.pipe()
+        self_r, status_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setpgid(0, 0)  # its group: what it starts in it ends with it when it is killed
+                cells, status = _above(cells_r, 5), _above(status_w, 5)  # not clobbered by the other's dup2
+                os.dup2(cells, 3)  # inheritable: what exec keeps
+                os.dup2(status, 4)
+                for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGALRM):
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # until its first cell: cellhost.py takes it over
+                try:
+                    os.chdir(cwd)
+                except OSError:
+                    os.chdir("/")
+                os.execve(python, [python, "-u", "-c", self.source.decode()], self.env)
+            except OSError as exc:
+                os.write(2, f"sandboxd: cannot start {python}: {exc.strerror}\n".encode())
+            finally:
+                os._exit(127)
+        os.close(cells_r)
+        os.close(status_w)
+        self.pid, self.cells, self.status = pid, self_w, self_r
+        return True
+
+    def _died(self) -> int:
+        """The kernel ended mid-cell (killed at its deadline or a limit, or the cell ended it): its status."""
+        status = signal.SIGKILL.value  # if it was reaped already: killed, as far as anyone can tell
+        try:
+            _, status = os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        self._forget()
+        os.write(2, b"sandboxd: the python kernel ended; the next cell starts a new one (its variables are gone)\n")
+        code = os.waitstatus_to_exitcode(status)
+        return 128 - code if code < 0 else code
+
+    def reaped(self, pids: set[int]) -> None:
+        """Between steps: a kernel that ended on its own (a background thread's ``os._exit``) is forgotten."""
+        if self.pid in pids:
+            self._forget()
+
+    def _forget(self) -> None:
+        for fd in (self.cells, self.status):
+            if fd >= 0:
+                os.close(fd)
+        self.pid, self.cells, self.status = 0, -1, -1
+
+
+def _above(fd: int, floor: int) -> int:
+    """``fd`` again as a descriptor at ``floor`` or above (the copies below are close-on-exec)."""
+    while fd < floor:
+        fd = os.dup(fd)
+    return fd
+
+
+def _on_path(names: tuple[str, ...], path: str) -> str | None:
+    for name in names:
+        for d in path.split(":"):
+            full = os.path.join(d or ".", name)
+            if os.path.isfile(full) and os.access(full, os.X_OK):
+                return full
+    return None
