@@ -3,6 +3,8 @@ registry, no download), as OCI layouts with the tests' own further layers (``tes
 
 from __future__ import annotations
 
+import glob
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -30,3 +32,24 @@ def host_image(
     """An OCI layout at ``root``: the host programs' base layer (or ``base``), then ``layers``; ``config`` as
     Docker's."""
     return oci_layout(root, [base or base_layer(), *(layers or [])], ref=name, compress=False, **config)
+
+
+SYSTEM_PYTHON = os.path.basename(os.path.realpath("/usr/bin/python3"))  # python3.11 here, 3.13 on trixie
+TEMPLATE_TOOLS = ("bash", "sh", "cat", "ls", "echo", "pwd", "sleep", "wc", "id", "env", "mkdir", "rm")
+
+
+def python_template(root: Path, name: str) -> Path:
+    """An E2B custom template's image: bash and coreutils, the system's python3 with its standard library, an
+    application module only that interpreter imports (``/opt/app/greeter.py``, on its ``PYTHONPATH``), a
+    ``/home/user`` with its own ``.profile``; the user ``agent`` (1000)."""
+    ctypes_module = glob.glob(f"/usr/lib/{SYSTEM_PYTHON}/lib-dynload/_ctypes.*.so")  # for its libffi
+    base = base_layer(programs=(*TEMPLATE_TOOLS, f"/usr/bin/{SYSTEM_PYTHON}", *ctypes_module))
+    app = layer(
+        ("dir", "opt/app", 0o755),
+        ("file", "opt/app/greeter.py", b"def greet(name):\n    return 'hello ' + name + ' from the image'\n", 0o644),
+        ("sym", "usr/bin/python3", SYSTEM_PYTHON),
+        ("dir", "home/user", 0o755, 1000),
+        ("file", "home/user/.profile", b"export FROM_PROFILE=image\n", 0o644, 1000),
+    )
+    config: dict[str, Any] = {"Env": ["PATH=/usr/bin:/bin", "PYTHONPATH=/opt/app"], "User": "agent"}
+    return host_image(root, name, [dir_layer(f"/usr/lib/{SYSTEM_PYTHON}"), app], base, **config)

@@ -9,14 +9,20 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sandboxd.images.store import ImageStore
+from sandboxd.images.unpack import Limits
 from tests.conftest import running_node
+from tests.imagebuild import python_template
+from tests.test_images import IDS
 from tests.tlsfront import TlsFront
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(600)]
@@ -39,14 +45,31 @@ RELEASES = {
 }
 
 
+TEMPLATE = "flows/py-app:1"  # a custom template (tests/imagebuild.py), for the flow that creates one
+
+
 @pytest.fixture(scope="module")
 def node() -> Iterator[str]:
-    with running_node(runners='["python"]', workers=1, api_keys=f'["{KEY}"]') as base:
-        yield base
+    root = Path(tempfile.mkdtemp(prefix="sandboxd-e2b-versions-", dir="/var/tmp"))  # o+x: jails bind its layers
+    root.chmod(0o755)
+    try:
+        store = ImageStore(root / "store", Limits(256 << 20, 100_000), IDS)
+        store.import_image(python_template(root / "template", TEMPLATE))
+        with running_node(
+            runners='["python", "container"]',
+            workers=1,
+            api_keys=f'["{KEY}"]',
+            images_dir=str(store.root),
+            container__slots_per_worker=1,
+            container__burst_slots_per_worker=0,
+        ) as base:
+            yield base
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 # Reached by E2B_DOMAIN alone: what is left when E2B_API_URL/E2B_SANDBOX_URL go (deprecated from 2.60).
-BY_DOMAIN = "release_asked or create_connect or commands_files or ms_swift or contexts"
+BY_DOMAIN = "release_asked or create_connect or commands_files or ms_swift or contexts or custom_template"
 
 
 @pytest.mark.parametrize("addressing", ["urls", "domain"])
@@ -64,7 +87,7 @@ def test_the_sdk_flows(node: str, release: str, addressing: str, tmp_path: Path)
         for k, v in os.environ.items()
         if not k.startswith(("E2B_", "SANDBOXD_", "PYTEST_")) and k != "PYTHONPATH" and "proxy" not in k.lower()
     }
-    env.update(E2B_API_KEY=KEY, E2B_EXPECT_VERSION=expect)
+    env.update(E2B_API_KEY=KEY, E2B_EXPECT_VERSION=expect, E2B_TEST_TEMPLATE=TEMPLATE)
     here = str(FLOWS.parent)  # nothing of the project's pytest set-up: the SDK's process is a user's program
     command = [str(python), "-m", "pytest", str(FLOWS), "-q", "-rf", "-p", "no:cacheprovider", "-c", "/dev/null"]
     command += ["--rootdir", here, "--confcutdir", here]

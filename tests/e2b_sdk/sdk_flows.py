@@ -64,6 +64,16 @@ def test_commands_files_and_the_sandboxs_python() -> None:
         assert {e.name for e in sbx.files.list("/home/user")} >= {"data", "solve.py"}
 
 
+def test_a_custom_template_is_the_images_sandbox() -> None:
+    """``template=``: a sandbox of the node's image (``E2B_TEST_TEMPLATE``), its code run by the image's python."""
+    with Sandbox.create(template=os.environ["E2B_TEST_TEMPLATE"], envs={"GREETING": "hi"}) as sbx:
+        ran = sbx.run_code("import greeter, os\ngreeter.greet(os.environ['GREETING'])")
+        assert ran.error is None and ran.text == "hello hi from the image", ran
+        sbx.files.write("/home/user/n.txt", "7")
+        assert sbx.commands.run("cat n.txt; echo; echo $FROM_PROFILE").stdout == "7\nimage\n"
+        assert sbx.get_info().template_id == os.environ["E2B_TEST_TEMPLATE"]
+
+
 EVALUATION = """
 import subprocess
 import json

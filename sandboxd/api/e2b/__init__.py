@@ -14,6 +14,11 @@ interpreter's ``E2B-Traffic-Access-Token``, the same token): the code interprete
 Everything else under E2B's paths (pause, snapshots, fork, templates, volumes, network, metrics) is refused
 in E2B's ``{code, message}`` shape, which every SDK raises as its own exception.
 
+A custom template (``Sandbox.create(template=NAME)``, NAME not one of the code interpreter's) is an image of the
+node's store where the container kind runs: the sandbox is a container session of it, and the image's own
+python3 (``jailside/cellhost.py``) runs the same cells, run_code's and envd's, with ``/home/user`` its real
+home and the whole root its to write. An image without python3 is refused at create, by name.
+
 No ``from __future__ import annotations`` here: FastAPI reads the routes' ``Annotated[..., Depends()]``
 signatures at run time (as in ``native.py``).
 """
@@ -37,7 +42,7 @@ from sandboxd.api.e2b import names
 from sandboxd.api.e2b.cells import execution_cell, ndjson, restart_cell, split_answer
 from sandboxd.api.e2b.envd import CALL_TIMEOUT_S, MALFORMED, READ_CHUNK, Refused, SandboxCalls, connect_apps
 from sandboxd.api.e2b.kernels import language_of
-from sandboxd.api.e2b.labels import LANGUAGE_LABEL, OWN_PREFIX, PARENT_LABEL, TEMPLATE_LABEL
+from sandboxd.api.e2b.labels import IMAGE_LABEL, LANGUAGE_LABEL, OWN_PREFIX, PARENT_LABEL, TEMPLATE_LABEL
 from sandboxd.api.e2b.models import (
     Connect,
     Execute,
@@ -67,6 +72,7 @@ from sandboxd.front.surfaces import Surface, json_response, retry_headers
 from sandboxd.models import SessionCreate, SessionInfo, StepRequest, _checked_labels
 
 TEMPLATES = ("base", "code-interpreter-v1", "code-interpreter")  # what the SDKs create by default
+CONTAINER = "container"  # the kind a custom template's sandbox is: a session of the image the template names
 ENVD_VERSION = "0.5.2"  # the envd features served (closing stdin: 0.5.2); not octet-stream uploads (0.5.7)
 HOME = SESSION_HOME  # E2B's home: a sandbox's working directory, its /tmp under that name too
 MAX_FILES = 1000  # parts of one upload
@@ -202,24 +208,33 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             )
         return body
 
-    async def settle(session_id: str, tenant: str, env_vars: dict[str, str]) -> None:
-        """A new interpreter as E2B's starts: in the home (its /tmp, bound at /home/user in session jails), with
-        HOME and the sandbox's envVars set, and a ``.profile`` there that keeps the interpreter's PATH for the
-        login shell every ``commands.run`` is (Debian's /etc/profile would put the system's python3 first, and
-        no ``python`` at all). A session that cannot be settled is closed and the create refused."""
+    async def settle(session_id: str, tenant: str, env_vars: dict[str, str], runner: str = "python") -> None:
+        """A new interpreter as E2B's starts: in the home (its /tmp, bound at /home/user in session jails; a
+        container's own /home/user), with HOME and the sandbox's envVars set, and a ``.profile`` there that keeps
+        the interpreter's PATH for the login shell every ``commands.run`` is (Debian's /etc/profile would put the
+        system's python3 first, and no ``python`` at all; an image's own ``.profile`` is left as it is). A session
+        that cannot be settled is closed and the create refused."""
         env = {"HOME": HOME, **env_vars}
         code = (
             f"import os as _o, shlex as _s; _o.chdir({HOME!r}); _o.environ.update({env!r})\n"
-            "with open('.profile', 'w') as _f:\n"
-            "    _f.write('# what a login shell reads (commands.run): the sandbox\\'s python first, as run_code\\'s\\n'"
-            " 'export PATH=' + _s.quote(_o.environ['PATH']) + '\\n')\n"
-            "del _o, _s, _f\n"
+            f"if {runner != CONTAINER!r} or not _o.path.exists('.profile'):\n"
+            "    with open('.profile', 'w') as _f:\n"
+            "        _f.write('# what a login shell reads (commands.run): the sandbox\\'s python first, as "
+            "run_code\\'s\\n' 'export PATH=' + _s.quote(_o.environ['PATH']) + '\\n')\n"
+            "del _o, _s\nglobals().pop('_f', None)\n"
         )
-        step = StepRequest(runner="python", action={"code": code}, session_id=session_id)
+        step = StepRequest(runner=runner, action={"code": code}, session_id=session_id)
         result = await gateway.step(step, tenant)
         if not result.ok:
             await gateway.close_session(session_id, tenant, "its envVars could not be set")
-            raise BadRequest(f"envVars could not be set: {result.error.message if result.error else ''}")
+            why = result.error.message if result.error else ""
+            seen = result.observation or {}
+            if runner == CONTAINER and seen.get("exit_code") == 127:
+                raise BadRequest(
+                    "the template's image has no python3 on its PATH: an E2B sandbox here runs its code, commands "
+                    "and files through it (the native API's container sessions run images without one)"
+                )
+            raise BadRequest(f"envVars could not be set: {why}; {str(seen.get('stderr'))[-300:]}")
 
     def labels_of(metadata: dict[str, str], template: str) -> dict[str, str]:
         if reserved := [k for k in metadata if k.startswith(OWN_PREFIX)]:
@@ -247,23 +262,42 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     async def create_sandbox(req: NewSandbox, tenant: str, idempotency_key: str | None) -> Response:
         """A sandbox: a python session with the template's name and the metadata as labels. The same
         ``Idempotency-Key`` again (the SDK's retry of a create whose answer it lost) is the same sandbox."""
-        if req.template_id not in TEMPLATES:
-            raise BadRequest(f"template {req.template_id!r} is not served here; this node serves {list(TEMPLATES)}")
         if why := req.refused():
             raise NotServed(why)
-        if python is None:
-            raise NotServed("this node does not run python sandboxes (enable the python runner)")
         s = gateway.settings
+        labels = labels_of(req.metadata or {}, req.template_id)
+        options: dict[str, Any]
+        if req.template_id in TEMPLATES:
+            if python is None:
+                raise NotServed("this node does not run python sandboxes (enable the python runner)")
+            runner, options = "python", {"keep_processes": True}  # background commands outlive their call
+        elif CONTAINER in gateway.kinds:
+            # A custom template: an image of the node's store, its sandbox a container session whose python
+            # (the image's own) runs the code interpreter's cells and envd's calls.
+            env = {"HOME": HOME, **(req.env_vars or {})}
+            runner, options = CONTAINER, {"image": req.template_id, "workdir": HOME, "env": env}
+            labels[IMAGE_LABEL] = "1"
+        else:
+            raise BadRequest(
+                f"template {req.template_id!r} is not served here; this node serves {list(TEMPLATES)} (custom "
+                "templates are images of the node's store, served where the container kind runs)"
+            )
         create = SessionCreate(
-            runner="python",
-            options={"keep_processes": True},  # background commands outlive the call that started them
+            runner=runner,
+            options=options,
             ttl_s=min(float(req.timeout), s.session_ttl_s),
             idle_timeout_s=min(float(req.timeout), s.session_idle_s),
-            labels=labels_of(req.metadata or {}, req.template_id),
+            labels=labels,
             idempotency_key=f"e2b:{_digest(idempotency_key)}" if idempotency_key else None,
         )
-        info = await gateway.create_session(create, tenant)
-        await settle(info.session_id, tenant, req.env_vars or {})
+        try:
+            info = await gateway.create_session(create, tenant)
+        except NotFound as exc:  # the image is not on this node
+            if runner != CONTAINER:
+                raise
+            raise NotFound(f"template {req.template_id!r} is not served here: {exc.message}") from None
+        calls.know(info.session_id, runner)
+        await settle(info.session_id, tenant, req.env_vars or {}, runner)
         return json_response(described(info, tenant, detail=False), 201)
 
     @control.post("/sandboxes", status_code=201)
@@ -293,11 +327,12 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         template = query.get("template")
         if wanted:
             sessions = (await gateway.select_sessions(tenant, wanted, "list"))["sessions"]
-        else:  # every sandbox of the tenant: each carries its template's label
+        else:  # every sandbox of the tenant: each carries its template's label, a custom template's its image's
+            selectors = [{TEMPLATE_LABEL: name} for name in TEMPLATES] + [{IMAGE_LABEL: "1"}]
             sessions = [
                 found
-                for name in TEMPLATES
-                for found in (await gateway.select_sessions(tenant, {TEMPLATE_LABEL: name}, "list"))["sessions"]
+                for selector in selectors
+                for found in (await gateway.select_sessions(tenant, selector, "list"))["sessions"]
             ]
         infos = [SessionInfo.model_validate(raw) for raw in sessions]
         listed = [
@@ -443,6 +478,11 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         if req.cwd not in (None, "", "/tmp", HOME):
             raise BadRequest(f"cwd {req.cwd!r}: a context here starts in its own home ({HOME})")
         parent = await sandbox_info(tenant, sandbox_id)
+        if IMAGE_LABEL in parent.labels:
+            raise NotServed(
+                "contexts of a custom template's sandbox are not served: its image's python runs one, the "
+                "sandbox's default context (run_code without a context)"
+            )
         create = SessionCreate(
             runner="python",
             options={"keep_processes": True},  # its kernel (another language's) lives across its cells
@@ -542,7 +582,10 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             if not isinstance(relative, str):
                 raise BadRequest(MALFORMED)
             staged[relative] = base64.b64encode(await part.read()).decode()  # the same path twice: the last wins
-        written = [{"name": r.rsplit("/", 1)[-1], "type": "file", "path": f"/home/user/{r}"} for r in staged]
+        written = [
+            {"name": r.rsplit("/", 1)[-1], "type": "file", "path": r if r.startswith("/") else f"{HOME}/{r}"}
+            for r in staged
+        ]
         result = await calls.step(
             tenant, sandbox_id, {"code": "pass", "files": staged, "file_encoding": "base64"}, CALL_TIMEOUT_S
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import time
 from base64 import b64decode
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -62,6 +63,7 @@ READ_CHUNK = 512 << 10  # bytes of a file one /files read cell returns
 # A stream with no event this long sends envd's keep-alive: the write is how a client that went away is noticed
 # (a red team left streams polling for 30-40 s after closing them).
 KEEPALIVE_S = 3.0
+KINDS_KEPT = 1 << 16  # sandboxes whose kind a node remembers (a forgotten one is asked for again: one lookup)
 NO_WATCHING = "watching a directory is not served here: list it again (files.list) to see changes"
 
 
@@ -93,6 +95,21 @@ class SandboxCalls:
     def __init__(self, gateway: Gateway, auth: Auth) -> None:
         self.gateway = gateway
         self.auth = auth
+        # Each sandbox's kind (python; container for a custom template's), learnt at its create or asked once.
+        self._kinds: collections.OrderedDict[str, str] = collections.OrderedDict()
+
+    def know(self, session_id: str, runner: str) -> None:
+        self._kinds[session_id] = runner
+        self._kinds.move_to_end(session_id)
+        if len(self._kinds) > KINDS_KEPT:
+            self._kinds.popitem(last=False)
+
+    async def kind(self, tenant: str, session_id: str) -> str:
+        runner = self._kinds.get(session_id)
+        if runner is None:
+            runner = (await self.gateway.session_info(session_id, tenant)).runner
+            self.know(session_id, runner)
+        return runner
 
     async def caller(self, headers: Mapping[str, str]) -> tuple[str, str]:
         """The tenant and sandbox (its session) of a data-plane call (the routes' and envd's): the sandbox's
@@ -116,8 +133,9 @@ class SandboxCalls:
         names it for ``Gateway.interrupt_session``."""
         deadline = time.monotonic() + BUSY_WAIT_S
         pause = 0.005
+        runner = await self.kind(tenant, sandbox_id)
         while True:
-            req = StepRequest(runner="python", action=action, session_id=sandbox_id, timeout_s=timeout_s)
+            req = StepRequest(runner=runner, action=action, session_id=sandbox_id, timeout_s=timeout_s)
             result = await self.gateway.step(req, tenant, step_key=key)
             refused = result.not_the_programs()
             if isinstance(refused, SessionBusy) and time.monotonic() < deadline:

@@ -7,3 +7,4 @@ OWN_PREFIX = "sandboxd.e2b/"
 TEMPLATE_LABEL = OWN_PREFIX + "template"  # every sandbox carries it: what makes a session a sandbox
 PARENT_LABEL = OWN_PREFIX + "sandbox"  # an extra code context: the sandbox it belongs to
 LANGUAGE_LABEL = OWN_PREFIX + "language"  # an extra code context's language, when not python
+IMAGE_LABEL = OWN_PREFIX + "image"  # a sandbox of a custom template: a container session of that image ("1")

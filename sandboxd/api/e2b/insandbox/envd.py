@@ -24,8 +24,12 @@ import sys as _sys
 import time as _time
 from typing import Any
 
-HOME, E2B_HOME = "/tmp", "/home/user"
-STATE = "/tmp/.sandboxd-e2b"
+E2B_HOME = "/home/user"
+# A python session's home is its /tmp (bound at /home/user for commands); a container's kernel (the image's own
+# python, cellhost.py) has a real /home/user, and the whole root is its sandbox's to write.
+IN_IMAGE = "_sandboxd_cellhost" in _sys.modules
+HOME = E2B_HOME if IN_IMAGE else "/tmp"
+STATE = HOME + "/.sandboxd-e2b"
 procs: dict[int, dict[str, Any]] = {}  # the processes ``start`` started, by pid
 
 
@@ -204,6 +208,8 @@ def read(path: str, offset: int, size: int) -> dict[str, Any]:
 
 def writable(path: str) -> str:
     p = local(path)
+    if IN_IMAGE and not p.startswith(HOME + "/"):
+        return p  # absolute: written as the sandbox's user, where its permissions allow
     if not p.startswith(HOME + "/"):
         raise Refused("permission", "only the home directory (" + E2B_HOME + ") is writable: " + path)
     return p[len(HOME) + 1 :]
