@@ -222,6 +222,7 @@ async def cell(http: httpx.AsyncClient, sid: str, code: str, **fields: Any) -> d
     return await step_ok(http, "container", {"code": code, **fields.pop("action", {})}, session_id=sid, **fields)
 
 
+@pytest.mark.vm  # the kernel's pipes, signals and group under cgroup v2 too
 async def test_python_cells_run_in_the_images_own_interpreter_and_keep_its_globals(http: httpx.AsyncClient) -> None:
     r = await http.post("/sessions", json={"runner": "container", "options": {"image": SWE}})
     assert r.status_code == 201, r.text
