@@ -241,3 +241,27 @@ def test_b8_from_an_image_starts_containers_and_reports_the_image(tmp_path: Path
         assert extra["warm_pool_disabled"]["latency_ms"]["errors"] == 0 and extra["peers_published_start_ms"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_swe_task_workload_grades_every_patch_by_its_tests() -> None:
+    """``sandboxd.bench.swetask``: its image built into an empty store, then tasks at two levels, every reward
+    the one its patch deserves, none failed by the node."""
+    import os
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="sandboxd-swe-", dir="/var/tmp"))  # the jails must pass its parents
+    root.chmod(0o755)
+    try:
+        cmd = [sys.executable, "-m", "sandboxd.bench.swetask", "--tasks", "6", "--concurrency", "1,3"]
+        env = {**os.environ, "SANDBOXD_IMAGES_DIR": str(root / "store")}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        built, *levels = proc.stdout.splitlines()
+        assert built.startswith("bench/swe-calc:1: 3 layers"), built
+        results = [json.loads(line) for line in levels]
+        assert [r["concurrency"] for r in results] == [1, 3]
+        for r in results:
+            assert r["tasks"] == 6 and r["failed"] == 0 and r["wrong_rewards"] == 0 and r["tasks_per_s"] > 0, r
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

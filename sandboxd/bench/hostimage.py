@@ -75,9 +75,12 @@ def parents(paths: list[str]) -> list[str]:
     return sorted({"/".join(d.split("/")[:i]) for d in dirs for i in range(1, d.count("/") + 2)})
 
 
-def _add(tar: tarfile.TarFile, name: str, kind: str, data: bytes = b"", mode: int = 0o755, link: str = "") -> None:
+def _add(
+    tar: tarfile.TarFile, name: str, kind: str, data: bytes = b"", mode: int = 0o755, link: str = "", owner: int = 0
+) -> None:
     info = tarfile.TarInfo(name)
     info.mtime, info.mode = 1_700_000_000, mode
+    info.uid = info.gid = owner
     if kind == "dir":
         info.type = tarfile.DIRTYPE
     elif kind == "sym":
@@ -101,15 +104,21 @@ def base_entries(programs: tuple[str, ...] = SHELL_TOOLS) -> list[tuple[Any, ...
     return entries
 
 
-def write_base_layer(path: Path) -> None:
+def write_layer(path: Path, entries: list[tuple[Any, ...]]) -> None:
+    """A layer of ``base_entries``-shaped entries; a ``dir`` or ``file`` may end with its owner's id (root's
+    otherwise)."""
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        for kind, name, *rest in base_entries():
+        for kind, name, *rest in entries:
             if kind == "dir":
-                _add(tar, name, "dir", mode=rest[0])
+                _add(tar, name, "dir", mode=rest[0], owner=rest[1] if len(rest) > 1 else 0)
             elif kind == "sym":
                 _add(tar, name, "sym", link=rest[0])
             else:
-                _add(tar, name, "file", rest[0], rest[1])
+                _add(tar, name, "file", rest[0], rest[1], owner=rest[2] if len(rest) > 2 else 0)
+
+
+def write_base_layer(path: Path, programs: tuple[str, ...] = SHELL_TOOLS) -> None:
+    write_layer(path, base_entries(programs))
 
 
 def write_dir_layer(path: Path, directory: str) -> None:
