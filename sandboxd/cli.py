@@ -177,8 +177,11 @@ def _image(args: argparse.Namespace) -> int:
             image = pull(store, args.ref, args.name, creds, authfile, tls_verify=not args.insecure)
             print(f"{image.name}: {len(image.layers)} layers, {image.size} bytes, id {image.id}")
         elif args.image_command == "rm":
-            store.remove(args.name)
+            busy = store.remove(args.name)
             print(f"{args.name}: removed")
+            if busy:
+                print(f"{len(busy)} of its layers are kept while running sandboxes stack them: the next rm or import "
+                      "on this store removes them once they are free")  # fmt: skip
         else:
             images = store.images()
             if not images:

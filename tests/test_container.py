@@ -355,6 +355,29 @@ async def test_a_swe_task_is_graded_by_its_tests_in_32_sessions_at_once(http: ht
     assert untouched["observation"]["stdout"] == "def add(a, b):\n    return a - b\n"
 
 
+async def test_an_image_removed_under_a_running_sandbox_keeps_its_layers_until_it_ends(
+    http: httpx.AsyncClient, store: ImageStore
+) -> None:
+    """``sandboxd image rm`` of an image a session runs: new sandboxes of it are refused at once; its layers stay
+    for the session (its files still read), and go with the next import once nothing stacks them."""
+    mine = layer(("file", "only-here.txt", b"the removed image's own file\n"))
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as work:
+        image = store.import_image(host_image(Path(work) / "oci", "tmp/removed:1", [mine]))
+    own = image.layers[-1].removeprefix("sha256:")
+    sid = await session(http, image="tmp/removed:1")
+    assert store.remove("tmp/removed:1") == [own]  # the base layer is other images' too: kept anyway
+    assert (store.root / "layers" / own).is_dir()
+    out = await shell(http, sid, "cat /only-here.txt")
+    assert out["observation"]["stdout"] == "the removed image's own file\n", out
+    r = await http.post("/sessions", json={"runner": "container", "options": {"image": "tmp/removed:1"}})
+    assert r.status_code == 404, r.text
+    assert (await http.delete(f"/sessions/{sid}")).status_code in (200, 204)
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as work:
+        store.import_image(host_image(Path(work) / "oci", "tmp/next:1", [layer(("file", "x", b"x"))]))
+    assert not (store.root / "layers" / own).exists()  # collected once free
+    store.remove("tmp/next:1")
+
+
 # ---------------------------------------------------------------------------------------------- a red team's
 
 

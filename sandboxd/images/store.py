@@ -225,22 +225,54 @@ class ImageStore:
             raise NotFound(f"no image {name!r} on this node (sandboxd image list)")
         return Image.load(path)
 
-    def remove(self, name: str) -> None:
+    def remove(self, name: str) -> list[str]:
+        """The image gone: new sandboxes of it are refused at once; its layers no other image names are removed,
+        but for those a running sandbox still stacks (returned: removed by a later ``remove`` or import once
+        free, so a running sandbox never loses its root's files)."""
         with self._locked():
             path = self.record_path(name)
             if not path.is_file():
                 raise NotFound(f"no image {name!r} on this node (sandboxd image list)")
             path.unlink()
-            self._collect()
+            return self._collect()
 
-    def _collect(self) -> None:
-        """Remove the layers no image names any more, and what an interrupted import left in tmp/."""
+    def _collect(self) -> list[str]:
+        """Remove the layers no image names any more and no sandbox has mounted, and what an interrupted import
+        left in tmp/; the layers kept for their sandboxes."""
         kept = {d.removeprefix("sha256:") for image in self.images() for d in image.layers}
-        for layer in (self.root / "layers").iterdir():
-            if layer.name not in kept:
+        unnamed = [layer for layer in (self.root / "layers").iterdir() if layer.name not in kept]
+        busy = mounted_layers() if unnamed else set()
+        for layer in unnamed:
+            if layer.name not in busy:
                 _remove(layer)
         for left in (self.root / "tmp").iterdir():
             _remove(left)
+        return sorted(layer.name for layer in unnamed if layer.name in busy)
+
+
+LAYER_ID = re.compile(rb"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
+
+
+def mounted_layers(proc: Path = Path("/proc")) -> set[str]:
+    """The layer ids an overlay mount of any mount namespace on this host names (the sandboxes' roots: their
+    executors mount ``<layer id>/fs`` lower directories), each namespace read once."""
+    seen: set[str] = set()
+    found: set[str] = set()
+    for pid in proc.iterdir():
+        if not pid.name.isdecimal():
+            continue
+        try:
+            ns = os.readlink(pid / "ns" / "mnt")
+            if ns in seen:
+                continue
+            seen.add(ns)
+            text = (pid / "mountinfo").read_bytes()
+        except OSError:  # it ended, or is not ours to read
+            continue
+        for line in text.splitlines():
+            if b" - overlay " in line:
+                found.update(m.decode() for m in LAYER_ID.findall(line))
+    return found
 
 
 class _Digesting:
