@@ -227,7 +227,8 @@ async def test_python_cells_run_in_the_images_own_interpreter_and_keep_its_globa
     r = await http.post("/sessions", json={"runner": "container", "options": {"image": SWE}})
     assert r.status_code == 201, r.text
     sid = r.json()["session_id"]
-    out = await cell(http, sid, "import sys, os\nx = 41\nprint(sys.version_info[:2], os.getcwd(), os.getuid())")
+    out = await cell(http, sid, "import sys, os\nx = 41\nprint(sys.version_info[:2], os.getcwd(), os.getuid())",
+                     timeout_s=1)  # fmt: skip
     assert out["ok"], out["observation"]["stderr"]
     assert out["observation"]["stdout"] == f"({PYTHON[6:].replace('.', ', ')}) /repo 1000\n", out
     out = await cell(http, sid, "from calc import add\nprint(x + 1, add(5, 3), input())", action={"stdin": "in\n"})
@@ -244,6 +245,11 @@ async def test_python_cells_run_in_the_images_own_interpreter_and_keep_its_globa
     assert "KeyboardInterrupt" in out["observation"]["stderr"]
     out = await cell(http, sid, "print(x)")  # interrupted, not killed: its globals stay
     assert out["observation"]["stdout"] == "41\n", out
+    # A kernel lives through many cells: its CPU in all passes the first cell's limit (1 s here) unharmed.
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6:\n    pass\nprint(x)"
+    for _ in range(3):
+        out = await cell(http, sid, burn, timeout_s=5)
+        assert out["ok"] and out["observation"]["stdout"] == "41\n", out
     out = await cell(http, sid, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass",
                      timeout_s=1)  # fmt: skip
     assert out["error"]["code"] == "program_timeout" and out["observation"]["session_alive"], out

@@ -13,6 +13,7 @@ ends, so variables set, unset and exported and the working directory carry over,
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import struct
@@ -309,6 +310,10 @@ class Kernel:
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGALRM):
                     signal.signal(sig, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_IGN)  # until its first cell: cellhost.py takes it over
+                # The session's CPU backstop is this process's, set for each command; the kernel outlives many
+                # cells (their time is kept by the worker's deadline and the group's CPU quota).
+                _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+                resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
                 try:
                     os.chdir(cwd)
                 except OSError:
