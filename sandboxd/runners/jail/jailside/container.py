@@ -307,6 +307,8 @@ class Kernel:
                 cells, status = _above(cells_r, 5), _above(status_w, 5)  # not clobbered by the other's dup2
                 os.dup2(cells, 3)  # inheritable: what exec keeps
                 os.dup2(status, 4)
+                null = os.open("/dev/null", os.O_RDONLY)  # not the stdin of the command before it
+                os.dup2(null, 0)
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGALRM):
                     signal.signal(sig, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_IGN)  # until its first cell: cellhost.py takes it over
