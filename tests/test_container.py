@@ -271,6 +271,37 @@ async def test_python_cells_run_in_the_images_own_interpreter_and_keep_its_globa
     assert r.status_code == 422 and "not both" in r.text, r.text
 
 
+async def test_a_cell_that_breaks_its_kernels_channel_ends_only_its_kernel(http: httpx.AsyncClient) -> None:
+    """What a red team did to the kernel's status channel (fds 3 and 4) and at its limits: each is the program's,
+    ends at most its kernel (the next cell starts a new one, with the right result), never the session, and
+    never shifts a later cell's result (a forged status once made every later cell answer for the one before)."""
+    r = await http.post("/sessions", json={"runner": "container", "options": {"image": SWE}})
+    sid = r.json()["session_id"]
+    forged = "import os\nos.write(4, bytes(12))\nimport time\ntime.sleep(0.5)\nraise ValueError('late')"
+    out = await cell(http, sid, forged, timeout_s=10)
+    obs = out["observation"]
+    assert obs["exit_code"] == 137 and "status channel" in obs["stderr"] and obs["session_alive"], out
+    for code, want in (("print('second')", "second\n"), ("print('third')", "third\n")):
+        out = await cell(http, sid, code)
+        assert out["ok"] and out["observation"]["stdout"] == want, out
+    out = await cell(http, sid, "import os\nos.dup2(os.open('/dev/null', os.O_WRONLY), 4)", timeout_s=10)
+    obs = out["observation"]
+    assert obs["exit_code"] == 137 and not obs["timed_out"] and obs["session_alive"], out
+    held = (  # a process of its own keeps the channel open; the kernel ignores the interrupt
+        "import os, signal, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(20)\n    os._exit(0)\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(100)"
+    )
+    out = await cell(http, sid, held, timeout_s=1)
+    assert out["error"]["code"] == "program_timeout" and out["observation"]["session_alive"], out
+    assert (await cell(http, sid, "print('alive')"))["observation"]["stdout"] == "alive\n"
+    for step in ({"code": "data = b'x' * (1 << 30)"}, {"cmd": "python3 -c \"b'x' * (1 << 30)\""}):
+        out = await step_ok(http, "container", step, session_id=sid, timeout_s=20)
+        assert out["error"]["code"] == "program_killed" and out["observation"]["killed_by"] == "memory", out
+        assert out["error"]["blame"] == "program" and out["observation"]["session_alive"], out
+    assert (await cell(http, sid, "print('after the bombs')"))["observation"]["stdout"] == "after the bombs\n"
+    assert (await http.delete(f"/sessions/{sid}")).status_code in (200, 204)
+
+
 # ---------------------------------------------------------------------------------------------- isolation
 
 

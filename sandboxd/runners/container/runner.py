@@ -25,10 +25,8 @@ from nsjail.config import IdMap, MountPt, NsJailConfig
 
 from sandboxd.errors import (
     BadRequest,
-    NodePressure,
     NotFound,
     SandboxSetupError,
-    SessionLost,
     UnknownSession,
 )
 from sandboxd.images.store import Image, ImageStore
@@ -276,27 +274,7 @@ class ContainerRunner:
             header["command"] = action.command()
         async with sess.lock:
             header["tag"] = secrets.randbits(62)
-            if limits.memory_mb:
-                sess.cgroup.set_limits(limits.memory_mb << 20, self.cfg.pids_max)
-            before = sess.cgroup.counters(start=True)
-            try:
-                result, out = await self.execs.feed(sess.executor, sess.cgroup, header, body, limits, session=True)
-            except (wire.WireError, OSError) as exc:
-                await self._drop_session(sess)
-                raise SessionLost(f"session {session_id}: its sandbox stopped answering ({exc!r})") from exc
-            if result.get("lost"):
-                await self._drop_session(sess)
-                raise SessionLost(f"session {session_id}: its sandbox ended mid-step")
-            after = sess.seen = sess.cgroup.counters()
-            try:
-                outcome = self.execs.observe(result, out, before, after, sess.cgroup, session=True)
-            except NodePressure as exc:
-                if result.get("alive") is False:
-                    await self._drop_session(sess)
-                    raise SessionLost(f"session {session_id}: {exc}") from None
-                raise
-            if not outcome.session_alive:
-                await self._drop_session(sess)
+            outcome = await self.execs.session_step(sess, header, body, limits, lambda: self._drop_session(sess))
         assert isinstance(outcome.observation, ContainerObservation)
         outcome.observation.image_id = sess.image.id
         return outcome

@@ -387,7 +387,9 @@ async def _run_step(
     if step_exit is not None and step_exit.get("op") == "stage_error":
         result.update(stage_error=str(step_exit.get("error")), exit_code=None, signal=None, alive=True)
     elif step_exit is not None:
-        result.update(exit_code=int(step_exit["exit_code"]), signal=None, alive=True)
+        sig = step_exit.get("signal")  # a container session's: what ended its command, in its shell's word
+        sig = sig if type(sig) is int and 1 <= sig <= 64 else None
+        result.update(exit_code=int(step_exit["exit_code"]), signal=sig, alive=True)
     elif ex.exit.done() and ex.exit.exception() is None:
         result.update(ex.exit.result(), alive=False)
     else:

@@ -13,9 +13,10 @@ import asyncio
 import base64
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
-from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError
+from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError, SessionLost
 from sandboxd.runners.base import ProgramFailure, StepLimits, StepOutcome
 from sandboxd.runners.cgroups import CgroupGroup, Counters
 from sandboxd.runners.jail.config import JailConfig
@@ -72,6 +73,16 @@ def _at_node_pids_limit() -> NodePressure:
         "the program could not start a process or thread under its own pids limit: the node (or its pod) is at "
         "its process limit"
     )
+
+
+class LiveSession(Protocol):
+    """What a kind's session is to ``Executions.session_step``: its executor, its group, and the group's counters
+    after its last step (``seen``, renewed by each step)."""
+
+    session_id: str
+    executor: Executor
+    cgroup: CgroupGroup
+    seen: Counters
 
 
 class Executions:
@@ -277,6 +288,56 @@ class Executions:
             session_alive=alive is not False,
             killed_by=killed_by,
             limits_hit=tuple(limits_hit),
+        )
+
+    async def session_step(
+        self,
+        sess: LiveSession,
+        header: dict[str, Any],
+        body: bytes,
+        limits: StepLimits,
+        drop: Callable[[], Awaitable[None]],
+    ) -> StepOutcome:
+        """One step in a live session whose lock the caller holds: the exchange, the verdict, and the session
+        dropped (``drop``) when its sandbox ended, the step's own error then saying why (its memory limit's
+        kill, or the node's, between steps too, as the group's counters tell)."""
+        if limits.memory_mb:
+            sess.cgroup.set_limits(limits.memory_mb << 20, self.cfg.pids_max)
+        before = sess.cgroup.counters(start=True)
+        try:
+            result, out = await self.feed(sess.executor, sess.cgroup, header, body, limits, session=True)
+        except (wire.WireError, OSError) as exc:
+            why = self.killed_why(sess) or f"its sandbox stopped answering ({exc!r})"
+            await drop()
+            raise SessionLost(f"session {sess.session_id}: {why}") from exc
+        if result.get("lost"):
+            why = self.killed_why(sess) or "its jail ended mid-step"
+            await drop()
+            raise SessionLost(f"session {sess.session_id}: {why}")
+        after = sess.seen = sess.cgroup.counters()
+        try:
+            outcome = self.observe(result, out, before, after, sess.cgroup, session=True)
+        except NodePressure as exc:
+            if result.get("alive") is False:
+                await drop()
+                raise SessionLost(f"session {sess.session_id}: {exc}") from None
+            raise
+        if not outcome.session_alive:
+            await drop()
+        return outcome
+
+    @staticmethod
+    def killed_why(sess: LiveSession) -> str | None:
+        """Why a session's sandbox vanished, when its cgroup says the kernel's OOM killer took it (between steps
+        too, which no step's counters saw): its own limit, or the node's (pod's) memory; None otherwise."""
+        counters = sess.cgroup.counters()
+        if counters.oom_kills <= sess.seen.oom_kills:
+            return None
+        if counters.memory_limit_hits > sess.seen.memory_limit_hits:
+            return "its program reached the session's memory limit and the kernel killed its sandbox"
+        return (
+            "the node (or its pod) ran out of memory and the kernel killed its sandbox under its own limit "
+            "(node_pressure, not the program's doing)"
         )
 
     async def ensure_jail(self, jail: Jail) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError, SessionLost, UnknownSession
+from sandboxd.errors import BadRequest, SandboxSetupError, SessionLost, UnknownSession
 from sandboxd.runners.base import (
     RunnerContext,
     StepLimits,
@@ -329,31 +329,10 @@ class PythonRunner:
             header["tag"] = secrets.randbits(62)
             if sess.keep_processes:
                 header["keep"] = True
-            if limits.memory_mb:
-                sess.cgroup.set_limits(limits.memory_mb << 20, self.cfg.pids_max)
-            before = sess.cgroup.counters(start=True)
             try:
-                result, out = await self.execs.feed(sess.executor, sess.cgroup, header, body, limits, session=True)
-            except (wire.WireError, OSError) as exc:
-                why = self._killed_why(sess) or f"its sandbox stopped answering ({exc!r})"
-                await self._drop_session(sess)
-                raise SessionLost(f"session {session_id}: {why}") from exc
-            sess.steps += 1
-            if result.get("lost"):
-                why = self._killed_why(sess) or "its jail ended mid-step"
-                await self._drop_session(sess)
-                raise SessionLost(f"session {session_id}: {why}")
-            after = sess.seen = sess.cgroup.counters()
-            try:
-                outcome = self.execs.observe(result, out, before, after, sess.cgroup, session=True)
-            except NodePressure as exc:
-                if result.get("alive") is False:
-                    await self._drop_session(sess)
-                    raise SessionLost(f"session {session_id}: {exc}") from None
-                raise
-            if not outcome.session_alive:
-                await self._drop_session(sess)
-            return outcome
+                return await self.execs.session_step(sess, header, body, limits, lambda: self._drop_session(sess))
+            finally:
+                sess.steps += 1
 
     async def interrupt_session(self, session_id: str) -> bool:
         """SIGINT to the session's interpreter while a cell runs (``KeyboardInterrupt`` in the cell, as a
@@ -363,19 +342,6 @@ class PythonRunner:
             return False
         sess.executor.kill(signal.SIGINT)
         return True
-
-    def _killed_why(self, sess: Session) -> str | None:
-        """Why a session's sandbox vanished, when its cgroup says the kernel's OOM killer took it (between steps
-        too, which no step's counters saw): its own limit, or the node's (pod's) memory; None otherwise."""
-        counters = sess.cgroup.counters()
-        if counters.oom_kills <= sess.seen.oom_kills:
-            return None
-        if counters.memory_limit_hits > sess.seen.memory_limit_hits:
-            return "its program reached the session's memory limit and the kernel killed its sandbox"
-        return (
-            "the node (or its pod) ran out of memory and the kernel killed its sandbox under its own limit "
-            "(node_pressure, not the program's doing)"
-        )
 
     async def _grade(self, session_id: str, action: PythonAction, limits: StepLimits) -> StepOutcome:
         """A one-shot in a fresh sandbox over a copy of the session's files (``snapshot.py``), taken while no

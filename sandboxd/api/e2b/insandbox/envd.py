@@ -50,7 +50,8 @@ def local(path: str) -> str:
     path = _os.path.normpath(path)
     if path == E2B_HOME or path.startswith(E2B_HOME + "/"):
         path = HOME + path[len(E2B_HOME) :]
-    if path == STATE or path.startswith(STATE + "/"):
+    real = _os.path.realpath(path)  # a link a command made to the facade's state is refused as the state is
+    if any(p == STATE or p.startswith(STATE + "/") for p in (path, real)):
         raise Refused("not_found", "no such file or directory: " + path)
     return path
 

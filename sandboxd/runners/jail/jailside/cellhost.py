@@ -2,8 +2,9 @@
 
 The session's executor (``container.py``) starts it on the first python cell with ``python3 -u -c`` this
 source, as the session's user, in the session's environment and directory: what a cell imports is what the
-image installed. Cells come on fd 3 (a length-prefixed source and stdin each); after each the kernel writes
-its exit status (4 bytes) on fd 4. Output goes where the session's commands write theirs. A cell runs as a
+image installed. Cells come on fd 3 (a length-prefixed source and stdin each, and a nonce); after each the
+kernel writes the nonce and the cell's exit status on fd 4 (a status the executor did not ask for, a cell's
+own forgery, ends the kernel). Output goes where the session's commands write theirs. A cell runs as a
 python session's does: an uncaught exception prints its traceback and is status 1, ``SystemExit`` its code,
 the deadline's SIGINT a ``KeyboardInterrupt``. Stdlib only, and Python 3.8 and later (the images' own).
 """
@@ -18,8 +19,8 @@ import sys
 import traceback
 from typing import Any
 
-HEAD = struct.Struct(">II")  # container.py's CELL_HEAD: the source's and stdin's lengths
-STATUS = struct.Struct(">i")
+HEAD = struct.Struct(">II8s")  # container.py's CELL_HEAD: the source's and stdin's lengths, the cell's nonce
+STATUS = struct.Struct(">8si")  # container.py's CELL_STATUS: the nonce back, and the status
 
 
 def _read(n: int) -> bytes:
@@ -63,7 +64,7 @@ def serve() -> None:
         head = _read(HEAD.size)
         if not head:
             return
-        source_len, stdin_len = HEAD.unpack(head)
+        source_len, stdin_len, nonce = HEAD.unpack(head)
         source, stdin = _read(source_len), _read(stdin_len)
         cell += 1
         sys.stdin = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
@@ -80,7 +81,7 @@ def serve() -> None:
             except BaseException:
                 rc = 1
         _flush()
-        os.write(4, STATUS.pack(rc))
+        os.write(4, STATUS.pack(nonce, rc))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ WRAPPER = (
 )
 STAGE_FAILED = 125  # exchange.STAGE_FAILED: the step never ran, and its executor said why
 STATE_MAX_BYTES = 1 << 20  # what a session's exports may hold; more is kept as it was before the command
-CELL_HEAD = struct.Struct(">II")  # cellhost.py's HEAD: a cell's source and stdin lengths
+CELL_HEAD = struct.Struct(">II8s")  # cellhost.py's HEAD: a cell's source and stdin lengths, and its nonce
+CELL_STATUS = struct.Struct(">8si")  # cellhost.py's STATUS: the nonce again, and the cell's exit status
 PYTHONS = ("python3", "python")  # a session's python kernel: the first of these on the session's PATH
 
 
@@ -102,11 +103,11 @@ def session(
             pass
 
     def overdue(signum: int, frame: Any) -> None:
+        """Half the grace after the interrupt: the kernel and its group killed, and the wait for its status
+        given up (something it started elsewhere may hold its channel open)."""
         if running[0] and running[1]:
-            try:
-                os.killpg(running[0], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill(running[0])
+            raise Overdue
 
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGALRM, overdue)
@@ -133,7 +134,10 @@ def session(
             staging.set_stdin(stdin)
             code, exports, cwd = _command(str(req.get("command", "")), exports, cwd, running)
         kernel.reaped(_reap())
-        bound.send(sock, {"op": "done", "exit_code": code, "tag": tag})
+        done: dict[str, Any] = {"op": "done", "exit_code": code, "tag": tag}
+        if 128 < code <= 128 + 64:
+            done["signal"] = code - 128  # a shell's word for a command a signal ended (a kill at a limit)
+        bound.send(sock, done)
 
 
 def _enter(sock: socket.socket, root: Any, filter_program: bytes) -> tuple[dict[str, str], str] | None:
@@ -270,27 +274,34 @@ class Kernel:
                 self._forget()
         if not self.pid and not self._start(cwd):
             return 127
-        frame = CELL_HEAD.pack(len(source), len(stdin)) + source + stdin
+        nonce = os.urandom(8)
+        frame = CELL_HEAD.pack(len(source), len(stdin), nonce) + source + stdin
+        got = b""
         running[:] = [self.pid, 1]
         try:
             try:
                 view = memoryview(frame)
                 while view:
                     view = view[os.write(self.cells, view) :]
-                got = b""
-                while len(got) < 4:
-                    chunk = os.read(self.status, 4 - len(got))
+                while len(got) < CELL_STATUS.size:
+                    chunk = os.read(self.status, CELL_STATUS.size - len(got))
                     if not chunk:
                         break
                     got += chunk
             except OSError:  # its end of the pipe closed: it died
                 got = b""
+        except Overdue:  # killed past its grace (raised into the wait, or into the handling of its death)
+            got = b""
         finally:
             running[:] = [0, 0]
             signal.setitimer(signal.ITIMER_REAL, 0)
-        if len(got) == 4:
-            rc: int = struct.unpack(">i", got)[0]
-            return rc
+        if len(got) == CELL_STATUS.size:
+            said, rc = CELL_STATUS.unpack(got)
+            if said == nonce:
+                return int(rc)
+            # Not this cell's status: an earlier cell wrote one of its own (or a copy of the kernel answered),
+            # and every later status would answer the wrong cell. The kernel ends; the session stays.
+            return self._died("a cell wrote on the kernel's own status channel")
         return self._died()
 
     def _start(self, cwd: str) -> bool:
@@ -330,15 +341,21 @@ class Kernel:
         self.pid, self.cells, self.status = pid, self_w, self_r
         return True
 
-    def _died(self) -> int:
-        """The kernel ended mid-cell (killed at its deadline or a limit, or the cell ended it): its status."""
+    def _died(self, why: str = "") -> int:
+        """The kernel ended mid-cell (killed at its deadline or a limit, or the cell ended it), or its channel
+        broke (it is ended now, whatever it does): its status."""
+        _kill(self.pid)  # an end of its channel closed or redirected by the cell: it may still run
         status = signal.SIGKILL.value  # if it was reaped already: killed, as far as anyone can tell
         try:
             _, status = os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
         self._forget()
-        os.write(2, b"sandboxd: the python kernel ended; the next cell starts a new one (its variables are gone)\n")
+        said = f" ({why})" if why else ""
+        os.write(
+            2,
+            f"sandboxd: the python kernel ended{said}; the next cell starts a new one (its variables are gone)\n".encode(),
+        )
         code = os.waitstatus_to_exitcode(status)
         return 128 - code if code < 0 else code
 
@@ -352,6 +369,19 @@ class Kernel:
             if fd >= 0:
                 os.close(fd)
         self.pid, self.cells, self.status = 0, -1, -1
+
+
+class Overdue(Exception):
+    """Raised by the deadline's second alarm into the wait for a kernel's status."""
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL to the process and its group (it may have left the group it was started in)."""
+    for kill, target in ((os.kill, pid), (os.killpg, pid)):
+        try:
+            kill(target, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _above(fd: int, floor: int) -> int:
