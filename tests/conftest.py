@@ -167,6 +167,13 @@ def _node_in_own_group(env: dict[str, str]) -> Iterator[str]:
             yield base
 
 
+def point_e2b_at(node: str, key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The E2B SDKs' environment, as a user sets it, pointing at the node with the key."""
+    monkeypatch.setenv("E2B_API_URL", node)
+    monkeypatch.setenv("E2B_SANDBOX_URL", node)
+    monkeypatch.setenv("E2B_API_KEY", key)
+
+
 async def step_ok(
     http: httpx.AsyncClient, runner: str, action: dict[str, Any], session_id: str | None = None, **fields: object
 ) -> dict[str, Any]:

@@ -3,14 +3,19 @@ registry, no download), as OCI layouts with the tests' own further layers (``tes
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from sandboxd.bench.hostimage import SHELL_TOOLS, base_entries, write_dir_layer
-from tests.test_images import Entry, layer, oci_layout
+from sandboxd.images.store import ImageStore
+from sandboxd.images.unpack import Limits
+from tests.test_images import IDS, Entry, layer, oci_layout
 
 
 def base_layer(extra: tuple[Entry, ...] = (), programs: tuple[str, ...] = SHELL_TOOLS) -> bytes:
@@ -53,3 +58,19 @@ def python_template(root: Path, name: str) -> Path:
     )
     config: dict[str, Any] = {"Env": ["PATH=/usr/bin:/bin", "PYTHONPATH=/opt/app"], "User": "agent"}
     return host_image(root, name, [dir_layer(f"/usr/lib/{SYSTEM_PYTHON}"), app], base, **config)
+
+
+STORE_LIMITS = Limits(256 << 20, 100_000)  # the tests' images: a few hundred MiB and files at most
+
+
+@contextlib.contextmanager
+def image_store(prefix: str, limits: Limits = STORE_LIMITS) -> Iterator[tuple[Path, ImageStore]]:
+    """A work directory and an empty store in it, removed after. Under /var/tmp, not pytest's ``tmp_path`` (0700):
+    the jails bind the store's layers from inside their user namespace, so every directory above it must let
+    others pass."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    root.chmod(0o755)
+    try:
+        yield root, ImageStore(root / "store", limits, IDS)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

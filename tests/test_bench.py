@@ -215,17 +215,10 @@ def test_b8_from_an_image_starts_containers_and_reports_the_image(tmp_path: Path
     """``sandboxd bench B8 --image``: each trial a fresh sandbox of the image (warm pool and cold), the image's
     size and the peers' published starts in the result."""
     import os
-    import shutil
-    import tempfile
 
-    from sandboxd.images.store import ImageStore
-    from sandboxd.images.unpack import IdRange, Limits
-    from tests.imagebuild import host_image
+    from tests.imagebuild import host_image, image_store
 
-    root = Path(tempfile.mkdtemp(prefix="sandboxd-b8-", dir="/var/tmp"))  # the jails must pass its parents
-    root.chmod(0o755)
-    try:
-        store = ImageStore(root / "store", Limits(64 << 20, 10_000), IdRange(2_000_000_000))
+    with image_store("sandboxd-b8-") as (root, store):
         store.import_image(host_image(root / "oci", "bench/tiny:1"))
         cmd = [sys.executable, "-m", "sandboxd", "bench", "B8", "--image", "bench/tiny:1", "--preset", "smoke"]
         cmd += ["--concurrency", "2", "--trials", "12", "--out", str(tmp_path)]
@@ -239,29 +232,23 @@ def test_b8_from_an_image_starts_containers_and_reports_the_image(tmp_path: Path
         assert extra["scenario"] == "image_shell_echo" and extra["image"]["name"] == "bench/tiny:1"
         assert extra["image"]["bytes"] == store.get("bench/tiny:1").size and extra["image"]["layers"] == 1
         assert extra["warm_pool_disabled"]["latency_ms"]["errors"] == 0 and extra["peers_published_start_ms"]
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_swe_task_workload_grades_every_patch_by_its_tests() -> None:
     """``sandboxd.bench.swetask``: its image built into an empty store, then tasks at two levels, every reward
     the one its patch deserves, none failed by the node."""
     import os
-    import shutil
-    import tempfile
 
-    root = Path(tempfile.mkdtemp(prefix="sandboxd-swe-", dir="/var/tmp"))  # the jails must pass its parents
-    root.chmod(0o755)
-    try:
+    from tests.imagebuild import image_store
+
+    with image_store("sandboxd-swe-") as (_, store):
         cmd = [sys.executable, "-m", "sandboxd.bench.swetask", "--tasks", "6", "--concurrency", "1,3"]
-        env = {**os.environ, "SANDBOXD_IMAGES_DIR": str(root / "store")}
+        env = {**os.environ, "SANDBOXD_IMAGES_DIR": str(store.root)}
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        built, *levels = proc.stdout.splitlines()
-        assert built.startswith("bench/swe-calc:1: 3 layers"), built
-        results = [json.loads(line) for line in levels]
-        assert [r["concurrency"] for r in results] == [1, 3]
-        for r in results:
-            assert r["tasks"] == 6 and r["failed"] == 0 and r["wrong_rewards"] == 0 and r["tasks_per_s"] > 0, r
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    built, *levels = proc.stdout.splitlines()
+    assert built.startswith("bench/swe-calc:1: 3 layers"), built
+    results = [json.loads(line) for line in levels]
+    assert [r["concurrency"] for r in results] == [1, 3]
+    for r in results:
+        assert r["tasks"] == 6 and r["failed"] == 0 and r["wrong_rewards"] == 0 and r["tasks_per_s"] > 0, r

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import glob
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +18,8 @@ import httpx
 import pytest
 
 from sandboxd.images.store import ImageStore
-from sandboxd.images.unpack import Limits
 from tests.conftest import running_node, step_ok
-from tests.imagebuild import base_layer, dir_layer, host_image
+from tests.imagebuild import base_layer, dir_layer, host_image, image_store
 from tests.test_images import IDS, layer
 
 pytestmark = pytest.mark.node
@@ -61,11 +59,7 @@ TOP = layer(
 
 @pytest.fixture(scope="module")
 def store() -> Iterator[ImageStore]:
-    # Not under pytest's tmp_path (0700): the jails bind the store's layers from inside their user namespace.
-    root = Path(tempfile.mkdtemp(prefix="sandboxd-images-", dir="/var/tmp"))
-    root.chmod(0o755)
-    try:
-        store = ImageStore(root / "store", Limits(256 << 20, 100_000), IDS)
+    with image_store("sandboxd-images-") as (root, store):
         config: dict[str, Any] = {"Env": ["PATH=/usr/bin:/bin", "GREETING=hi"], "WorkingDir": "/work", "User": "agent"}
         store.import_image(host_image(root / "oci", IMAGE, [TOP], Cmd=["id"], **config))
         ctypes_module = glob.glob(f"/usr/lib/{PYTHON}/lib-dynload/_ctypes.*.so")  # for its libffi
@@ -76,8 +70,6 @@ def store() -> Iterator[ImageStore]:
         odd = layer(("fifo", "etc/passwd"))  # a hostile image: its accounts file would block a reader
         store.import_image(host_image(root / "odd", ODD, [odd], Env=["PATH=/usr/bin:/bin"]))
         yield store
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,8 @@ when a session closes. One worker, so the caps are the node's.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -107,18 +104,11 @@ def test_every_registered_kind_resolves_and_has_a_probe() -> None:
 def images() -> Iterator[str]:
     """An image store with a shell image (the container kind's sessions); under /var/tmp: the jails pass its
     parents."""
-    from sandboxd.images.store import ImageStore
-    from sandboxd.images.unpack import IdRange, Limits
-    from tests.imagebuild import host_image
+    from tests.imagebuild import host_image, image_store
 
-    root = Path(tempfile.mkdtemp(prefix="sandboxd-contract-", dir="/var/tmp"))
-    root.chmod(0o755)
-    try:
-        store = ImageStore(root / "store", Limits(64 << 20, 10_000), IdRange(2_000_000_000))
+    with image_store("sandboxd-contract-") as (root, store):
         store.import_image(host_image(root / "oci", "contract/shell:1", Env=["PATH=/usr/bin:/bin"]))
         yield str(store.root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from e2b_code_interpreter import AsyncSandbox, Sandbox
 from e2b_code_interpreter import TimeoutException as CodeTimeout
 from e2b_code_interpreter.charts import BarChart, BoxAndWhiskerChart, LineChart, PieChart, SuperChart
 
-from tests.conftest import running_node
+from tests.conftest import point_e2b_at, running_node
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(180)]
 
@@ -45,9 +45,7 @@ def node() -> Iterator[str]:
 
 @pytest.fixture(autouse=True)
 def e2b_env(node: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("E2B_API_URL", node)
-    monkeypatch.setenv("E2B_SANDBOX_URL", node)
-    monkeypatch.setenv("E2B_API_KEY", KEY_A)
+    point_e2b_at(node, KEY_A, monkeypatch)
 
 
 def test_code_runs_with_state_rich_results_and_errors() -> None:

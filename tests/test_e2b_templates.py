@@ -6,10 +6,7 @@ runs the same template in tests/e2b_sdk/sdk_flows.py."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from e2b import CommandExitException, SandboxException
@@ -17,10 +14,8 @@ from e2b import Sandbox as BaseSandbox
 from e2b_code_interpreter import Sandbox
 
 from sandboxd.images.store import ImageStore
-from sandboxd.images.unpack import Limits
-from tests.conftest import running_node
-from tests.imagebuild import base_layer, host_image, python_template
-from tests.test_images import IDS
+from tests.conftest import point_e2b_at, running_node
+from tests.imagebuild import base_layer, host_image, image_store, python_template
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(300)]
 
@@ -31,15 +26,10 @@ NO_PYTHON = "agents/shell-only:1"
 
 @pytest.fixture(scope="module")
 def store() -> Iterator[ImageStore]:
-    root = Path(tempfile.mkdtemp(prefix="sandboxd-templates-", dir="/var/tmp"))  # o+x: the jails bind its layers
-    root.chmod(0o755)
-    try:
-        store = ImageStore(root / "store", Limits(256 << 20, 100_000), IDS)
+    with image_store("sandboxd-templates-") as (root, store):
         store.import_image(python_template(root / "tmpl", TEMPLATE))
         store.import_image(host_image(root / "bare", NO_PYTHON, [], base_layer(), Env=["PATH=/usr/bin:/bin"]))
         yield store
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +49,7 @@ def node(store: ImageStore) -> Iterator[str]:
 
 @pytest.fixture(autouse=True)
 def e2b_env(node: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("E2B_API_URL", node)
-    monkeypatch.setenv("E2B_SANDBOX_URL", node)
-    monkeypatch.setenv("E2B_API_KEY", KEY)
+    point_e2b_at(node, KEY, monkeypatch)
 
 
 @pytest.mark.vm

@@ -9,20 +9,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sandboxd.images.store import ImageStore
-from sandboxd.images.unpack import Limits
 from tests.conftest import running_node
-from tests.imagebuild import python_template
-from tests.test_images import IDS
+from tests.imagebuild import image_store, python_template
 from tests.tlsfront import TlsFront
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(600)]
@@ -50,10 +45,7 @@ TEMPLATE = "flows/py-app:1"  # a custom template (tests/imagebuild.py), for the 
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[str]:
-    root = Path(tempfile.mkdtemp(prefix="sandboxd-e2b-versions-", dir="/var/tmp"))  # o+x: jails bind its layers
-    root.chmod(0o755)
-    try:
-        store = ImageStore(root / "store", Limits(256 << 20, 100_000), IDS)
+    with image_store("sandboxd-e2b-versions-") as (root, store):
         store.import_image(python_template(root / "template", TEMPLATE))
         with running_node(
             runners='["python", "container"]',
@@ -64,8 +56,6 @@ def node() -> Iterator[str]:
             container__burst_slots_per_worker=0,
         ) as base:
             yield base
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 # Reached by E2B_DOMAIN alone: what is left when E2B_API_URL/E2B_SANDBOX_URL go (deprecated from 2.60).
