@@ -56,7 +56,8 @@ def e2b_env(node: str, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_code_runs_in_the_templates_own_python_with_its_state() -> None:
     sbx = Sandbox.create(template=TEMPLATE, envs={"GREETING": "hi"}, metadata={"task": "t1"})
     try:
-        assert sbx.get_info().template_id == TEMPLATE
+        info = sbx.get_info()
+        assert info.template_id == TEMPLATE and info.memory_mb == 256, info  # the container kind's size
         first = sbx.run_code("import greeter, os, sys\nx = 41\nprint(greeter.greet('agent'))")
         assert first.error is None and first.logs.stdout == ["hello agent from the image\n"], first
         assert sbx.run_code("x + 1").text == "42"  # state across cells; the last expression is the result

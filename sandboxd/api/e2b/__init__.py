@@ -167,6 +167,7 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     calls = SandboxCalls(gateway, auth)
     data = surface_router(data_error, tags=["e2b"], include_in_schema=False)
     python = gateway.settings.runner_config("python") if "python" in gateway.kinds else None
+    sizes = {kind: gateway.settings.runner_config(kind) for kind in ("python", CONTAINER) if kind in gateway.kinds}
 
     async def api_key(request: Request) -> str:
         """The control plane's caller: ``X-API-Key`` (or ``Authorization``). A request forwarded to another node
@@ -196,13 +197,14 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
             "trafficAccessToken": token,  # what the code interpreter sends: the same token
         }
         if detail:
-            cpus = max(1, int(getattr(python, "cpu_cores", 1)))
+            size = sizes.get(info.runner)  # its kind's sandbox: a python session's, or a template's container
+            cpus = max(1, int(getattr(size, "cpu_cores", 1)))
             body.update(
                 startedAt=_iso(info.created_at),
                 endAt=_iso(datetime.datetime.now(datetime.UTC).timestamp() + info.expires_in_s),
                 cpuCount=cpus,
-                memoryMB=int(getattr(python, "memory_mb", 512)),
-                diskSizeMB=int(getattr(python, "tmpfs_mb", 64)),
+                memoryMB=int(getattr(size, "memory_mb", 512)),
+                diskSizeMB=int(getattr(size, "tmpfs_mb", 64)),
                 state="running",
                 metadata=_metadata(info.labels),
             )
