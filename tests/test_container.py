@@ -7,6 +7,7 @@ of every jailed kind; and what a hostile command tries from inside."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import os
 import tempfile
@@ -291,6 +292,44 @@ async def test_a_cell_that_breaks_its_kernels_channel_ends_only_its_kernel(http:
         assert out["error"]["code"] == "program_killed" and out["observation"]["killed_by"] == "memory", out
         assert out["error"]["blame"] == "program" and out["observation"]["session_alive"], out
     assert (await cell(http, sid, "print('after the bombs')"))["observation"]["stdout"] == "after the bombs\n"
+    assert (await http.delete(f"/sessions/{sid}")).status_code in (200, 204)
+
+
+def session_pids() -> list[tuple[int, int]]:
+    """Processes and limit of each container session's group of the node (cgroup v1 or v2)."""
+    found = []
+    for current in glob.glob("/sys/fs/cgroup/**/sessions/x*/pids.current", recursive=True):
+        with contextlib.suppress(OSError, ValueError):
+            limit = Path(current).with_name("pids.max").read_text().strip()
+            found.append((int(Path(current).read_text()), int(limit) if limit != "max" else -1))
+    return found
+
+
+async def test_a_session_whose_processes_fill_its_pids_limit_stays_and_says_why(http: httpx.AsyncClient) -> None:
+    """A fork bomb's processes that left its command's group hold the session's pids limit: the next command
+    cannot start (126, the program's, with why), the session stays (its executor once died of it), and a cell
+    of its running kernel can end them."""
+    r = await http.post("/sessions", json={"runner": "container", "options": {"image": SWE}})
+    sid = r.json()["session_id"]
+    assert (await cell(http, sid, "import os, signal"))["ok"]  # the kernel runs before the bomb
+    bomb = (  # every process forks on, out of its command's group, and takes back any pid that frees
+        "import os, time\nwhile True:\n    try:\n        if os.fork() == 0:\n            os.setsid()\n"
+        "    except OSError:\n        time.sleep(0.05)\n"
+    )
+    out = await shell(http, sid, f"python3 -c '{bomb}'", timeout_s=2)
+    assert out["error"]["code"] == "program_timeout", out
+    for _ in range(100):  # until its group is full (its refillers take back what its command's end freed)
+        if any(used == limit for used, limit in session_pids()):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"the bomb did not fill its session's pids limit: {session_pids()}")
+    out = await shell(http, sid, "echo hi")
+    obs = out["observation"]
+    assert obs["exit_code"] == 126 and "process limit" in obs["stderr"] and obs["session_alive"], out
+    assert out["error"]["blame"] == "program" and "pids" in obs["limits_hit"], out
+    assert (await cell(http, sid, "os.kill(-1, signal.SIGKILL)"))["observation"]["session_alive"]
+    assert (await shell(http, sid, "echo hi"))["observation"]["stdout"] == "hi\n"
     assert (await http.delete(f"/sessions/{sid}")).status_code in (200, 204)
 
 

@@ -189,7 +189,11 @@ def _command(command: str, exports: str, cwd: str, running: list[int]) -> tuple[
         while pos < len(script):
             pos += os.write(given, script[pos:])
         os.lseek(given, 0, os.SEEK_SET)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # its processes fill its pids limit (a fork bomb's, left running): the step's
+            os.write(2, _cannot_fork("the command", exc))
+            return 126, exports, cwd
         if pid == 0:
             code = 127
             try:
@@ -272,8 +276,10 @@ class Kernel:
                 ended = self.pid
             if ended:  # it ended between cells (a thread's os._exit)
                 self._forget()
-        if not self.pid and not self._start(cwd):
-            return 127
+        if not self.pid:
+            refused = self._start(cwd)
+            if refused:
+                return refused
         nonce = os.urandom(8)
         frame = CELL_HEAD.pack(len(source), len(stdin), nonce) + source + stdin
         got = b""
@@ -304,14 +310,21 @@ class Kernel:
             return self._died("a cell wrote on the kernel's own status channel")
         return self._died()
 
-    def _start(self, cwd: str) -> bool:
+    def _start(self, cwd: str) -> int:
+        """0, the kernel started; or the cell's status, why not said on its stderr."""
         python = _on_path(PYTHONS, self.env.get("PATH", "/usr/local/bin:/usr/bin:/bin"))
         if python is None:
             os.write(2, b"sandboxd: python cells need python3 (or python) on the session's PATH; this image has none\n")
-            return False
+            return 127
         cells_r, self_w = os.pipe()
         self_r, status_w = os.pipe()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            for fd in (cells_r, self_w, self_r, status_w):
+                os.close(fd)
+            os.write(2, _cannot_fork("the python kernel", exc))
+            return 126
         if pid == 0:
             try:
                 os.setpgid(0, 0)  # its group: what it starts in it ends with it when it is killed
@@ -339,7 +352,7 @@ class Kernel:
         os.close(cells_r)
         os.close(status_w)
         self.pid, self.cells, self.status = pid, self_w, self_r
-        return True
+        return 0
 
     def _died(self, why: str = "") -> int:
         """The kernel ended mid-cell (killed at its deadline or a limit, or the cell ended it), or its channel
@@ -382,6 +395,13 @@ def _kill(pid: int) -> None:
             kill(target, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _cannot_fork(what: str, exc: OSError) -> bytes:
+    return (
+        f"sandboxd: {what} could not start ({exc.strerror}): the session's own processes hold its process "
+        "limit; end them (a cell of a kernel that runs can: os.kill(-1, 9)) or close the session\n"
+    ).encode()
 
 
 def _above(fd: int, floor: int) -> int:
