@@ -13,6 +13,7 @@ layout and imported as ``sandboxd image import`` would.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import io
 import json
@@ -22,8 +23,12 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sandboxd.images.store import Image, ImageStore
 
 SHELL_TOOLS = (
     "sh", "cat", "ls", "id", "env", "sleep", "echo", "pwd", "touch", "rm", "mkdir", "head", "tail", "grep", "cut",
@@ -184,6 +189,16 @@ def oci_layout(root: Path, layers: list[Path], name: str, config: dict[str, Any]
     return root
 
 
+def import_layers(store: ImageStore, name: str, writers: list[Callable[[Path], None]], config: dict[str, Any]) -> Image:
+    """An image of the layers ``writers`` write (each given its file, lowest first) and Docker's ``config``,
+    imported into ``store`` through a temporary OCI layout."""
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as work:
+        paths = [Path(work) / f"layer{i}.tar" for i in range(len(writers))]
+        for write, path in zip(writers, paths, strict=True):
+            write(path)
+        return store.import_image(oci_layout(Path(work) / "oci", paths, name, config))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", required=True, help="the image's name in the store")
@@ -192,14 +207,10 @@ def main() -> int:
     from sandboxd.config import load_settings
     from sandboxd.images.store import ImageStore
 
-    store = ImageStore.of(load_settings())
-    with tempfile.TemporaryDirectory(dir="/var/tmp") as work:
-        paths = [Path(work) / f"layer{i}.tar" for i in range(1 + len(args.dirs))]
-        write_base_layer(paths[0])
-        for path, directory in zip(paths[1:], args.dirs, strict=True):
-            write_dir_layer(path, directory)
-        layout = oci_layout(Path(work) / "oci", paths, args.name, {"Env": ["PATH=/usr/bin:/bin"], "Cmd": ["sh"]})
-        image = store.import_image(layout)
+    writers: list[Callable[[Path], None]] = [write_base_layer]
+    writers += [functools.partial(write_dir_layer, directory=d) for d in args.dirs]
+    config = {"Env": ["PATH=/usr/bin:/bin"], "Cmd": ["sh"]}
+    image = import_layers(ImageStore.of(load_settings()), args.name, writers, config)
     print(f"{image.name}: {len(image.layers)} layers, {image.size} bytes, id {image.id}")
     return 0
 

@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import glob
 import json
 import os
-import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from sandboxd.bench.hostimage import SHELL_TOOLS, base_entries, oci_layout, write_dir_layer, write_layer
+from sandboxd.bench.hostimage import SHELL_TOOLS, base_entries, import_layers, write_dir_layer, write_layer
 from sandboxd.bench.stats import percentile
 from sandboxd.localnode import local_node
 
@@ -54,16 +56,15 @@ def build(images_dir: str) -> str:
     from sandboxd.config import load_settings
     from sandboxd.images.store import ImageStore
 
-    store = ImageStore.of(load_settings(images_dir=images_dir))
     programs: tuple[str, ...] = (*SHELL_TOOLS, "/usr/bin/git", f"/usr/bin/{PYTHON}")
     programs += tuple(glob.glob(f"/usr/lib/{PYTHON}/lib-dynload/_ctypes.*.so"))  # with its libffi
-    with tempfile.TemporaryDirectory(dir="/var/tmp") as work:
-        paths = [Path(work) / f"layer{i}.tar" for i in range(3)]
-        write_layer(paths[0], base_entries(programs))
-        write_dir_layer(paths[1], f"/usr/lib/{PYTHON}")
-        write_layer(paths[2], REPO)
-        config = {"Env": ["PATH=/usr/bin:/bin"], "WorkingDir": "/repo", "User": "agent", "Cmd": ["sh"]}
-        image = store.import_image(oci_layout(Path(work) / "oci", paths, IMAGE, config))
+    writers: list[Callable[[Path], None]] = [
+        functools.partial(write_layer, entries=base_entries(programs)),
+        functools.partial(write_dir_layer, directory=f"/usr/lib/{PYTHON}"),
+        functools.partial(write_layer, entries=REPO),
+    ]
+    config = {"Env": ["PATH=/usr/bin:/bin"], "WorkingDir": "/repo", "User": "agent", "Cmd": ["sh"]}
+    image = import_layers(ImageStore.of(load_settings(images_dir=images_dir)), IMAGE, writers, config)
     return f"{image.name}: {len(image.layers)} layers, {image.size} bytes"
 
 
@@ -135,21 +136,10 @@ def main() -> int:
         "SANDBOXD_CONTAINER__MAX_SESSIONS_PER_WORKER": str(max(64, max(levels))),
         "SANDBOXD_IMAGES_DIR": images_dir,
     }
-    with local_node(settings) if args.target is None else _given(args.target) as base:
+    with local_node(settings) if args.target is None else contextlib.nullcontext(args.target) as base:
         for c in levels:
             print(json.dumps(asyncio.run(level(base, args.tasks, c))), flush=True)
     return 0
-
-
-class _given:
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def __enter__(self) -> str:
-        return self.url
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 if __name__ == "__main__":

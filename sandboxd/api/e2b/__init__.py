@@ -166,7 +166,6 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
     control = surface_router(e2b_error, tags=["e2b"], include_in_schema=False)
     calls = SandboxCalls(gateway, auth)
     data = surface_router(data_error, tags=["e2b"], include_in_schema=False)
-    python = gateway.settings.runner_config("python") if "python" in gateway.kinds else None
     sizes = {kind: gateway.settings.runner_config(kind) for kind in ("python", CONTAINER) if kind in gateway.kinds}
 
     async def api_key(request: Request) -> str:
@@ -270,14 +269,14 @@ def router(gateway: Gateway, auth: Auth) -> APIRouter:
         labels = labels_of(req.metadata or {}, req.template_id)
         options: dict[str, Any]
         if req.template_id in TEMPLATES:
-            if python is None:
+            if "python" not in sizes:
                 raise NotServed("this node does not run python sandboxes (enable the python runner)")
             runner, options = "python", {"keep_processes": True}  # background commands outlive their call
         elif CONTAINER in gateway.kinds:
             # A custom template: an image of the node's store, its sandbox a container session whose python
-            # (the image's own) runs the code interpreter's cells and envd's calls.
-            env = {"HOME": HOME, **(req.env_vars or {})}
-            runner, options = CONTAINER, {"image": req.template_id, "workdir": HOME, "env": env}
+            # (the image's own) runs the code interpreter's cells and envd's calls; its envVars are set by
+            # ``settle``, as a python sandbox's.
+            runner, options = CONTAINER, {"image": req.template_id, "workdir": HOME}
             labels[IMAGE_LABEL] = "1"
         else:
             raise BadRequest(
