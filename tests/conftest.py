@@ -153,6 +153,21 @@ def running_node_in(cgroup: tuple[str, ...], **settings: object) -> contextlib.A
     return local_node(env, timeout_s=NODE_START_S, cgroup=cgroup)
 
 
+def running_container_node(images_dir: Path, **settings: object) -> contextlib.AbstractContextManager[str]:
+    """``running_node`` of the container kind over a test image store: one worker, one warm slot and no burst,
+    small sandboxes (256 MiB, a 128 MiB writable layer); ``settings`` add to or replace these."""
+    base: dict[str, object] = {
+        "runners": '["container"]',
+        "workers": 1,
+        "images_dir": str(images_dir),
+        "container__slots_per_worker": 1,
+        "container__burst_slots_per_worker": 0,
+        "container__memory_mb": 256,
+        "container__tmpfs_mb": 128,
+    }
+    return running_node(**{**base, **settings})
+
+
 _NODE_GROUPS = itertools.count()
 
 

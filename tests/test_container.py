@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from sandboxd.images.store import ImageStore
-from tests.conftest import running_node, step_ok
+from tests.conftest import running_container_node, step_ok
 from tests.imagebuild import base_layer, dir_layer, host_image, image_store
 from tests.test_images import IDS, layer
 
@@ -75,15 +75,7 @@ def store() -> Iterator[ImageStore]:
 
 @pytest.fixture(scope="module")
 def node(store: ImageStore) -> Iterator[str]:
-    with running_node(
-        runners='["container"]',
-        workers=1,
-        images_dir=str(store.root),
-        container__slots_per_worker=2,
-        container__burst_slots_per_worker=0,
-        container__memory_mb=256,
-        container__tmpfs_mb=128,
-    ) as base:
+    with running_container_node(store.root, container__slots_per_worker=2) as base:
         yield base
 
 

@@ -14,7 +14,7 @@ from e2b import Sandbox as BaseSandbox
 from e2b_code_interpreter import Sandbox
 
 from sandboxd.images.store import ImageStore
-from tests.conftest import point_e2b_at, running_node
+from tests.conftest import point_e2b_at, running_container_node
 from tests.imagebuild import base_layer, host_image, image_store, python_template
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(300)]
@@ -34,16 +34,7 @@ def store() -> Iterator[ImageStore]:
 
 @pytest.fixture(scope="module")
 def node(store: ImageStore) -> Iterator[str]:
-    with running_node(
-        runners='["container"]',
-        workers=1,
-        api_keys=f'["{KEY}"]',
-        images_dir=str(store.root),
-        container__slots_per_worker=1,
-        container__burst_slots_per_worker=0,
-        container__memory_mb=256,
-        container__tmpfs_mb=128,
-    ) as base:
+    with running_container_node(store.root, api_keys=f'["{KEY}"]') as base:
         yield base
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import running_node
+from tests.conftest import running_container_node
 from tests.imagebuild import image_store, python_template
 from tests.tlsfront import TlsFront
 
@@ -47,14 +47,7 @@ TEMPLATE = "flows/py-app:1"  # a custom template (tests/imagebuild.py), for the 
 def node() -> Iterator[str]:
     with image_store("sandboxd-e2b-versions-") as (root, store):
         store.import_image(python_template(root / "template", TEMPLATE))
-        with running_node(
-            runners='["python", "container"]',
-            workers=1,
-            api_keys=f'["{KEY}"]',
-            images_dir=str(store.root),
-            container__slots_per_worker=1,
-            container__burst_slots_per_worker=0,
-        ) as base:
+        with running_container_node(store.root, runners='["python", "container"]', api_keys=f'["{KEY}"]') as base:
             yield base
 
 
