@@ -532,7 +532,7 @@ async def test_a_session_program_closing_its_channel_is_its_own_failure_at_once(
 
 def _cgroup_usage(node_id: str, pid: int, rel: str) -> int:
     root = Path("/sys/fs/cgroup/memory")
-    (group,) = [p for p in root.glob(f"**/{node_id}-{pid}-w0") if p.is_dir()]
+    (group,) = [p for p in root.glob(f"**/{node_id}-{pid}-w0-python") if p.is_dir()]
     return int((group / rel / "memory.usage_in_bytes").read_text())
 
 

@@ -25,7 +25,7 @@ def charged() -> dict[str, int]:
     """Memory charged to each container session's group (cgroup v1 or v2) of the node's worker 0."""
     out: dict[str, int] = {}
     for name in ("memory.usage_in_bytes", "memory.current"):
-        for path in glob.glob(f"/sys/fs/cgroup/**/*-w0/sessions/x*/{name}", recursive=True):
+        for path in glob.glob(f"/sys/fs/cgroup/**/*-w0-container/sessions/x*/{name}", recursive=True):
             with open(path) as f:
                 out[path] = int(f.read())
     return out

@@ -14,6 +14,7 @@ failed; the runner says so.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 from collections.abc import Callable
@@ -93,10 +94,17 @@ class RunnerContext:
     """What a worker gives every runner it builds."""
 
     runtime_dir: Path  # scratch space of this node (sockets, jail logs)
-    name: str  # e.g. "node1-w0": unique per worker process, for cgroup and file names
+    # e.g. "node1-4242-w0-python": unique per worker process and kind (``of_kind``), for cgroup and file names.
+    # Two kinds of one worker start at once: a name they shared would give them one slot group's limits and
+    # counters, and one jail config file each would overwrite.
+    name: str
     worker_index: int
     images_dir: Path | None = None  # the node's image store (``sandboxd/images``), for kinds that run images
     image_uid_base: int = 0  # where the store's owners are on the host (``images.unpack.IdRange``)
+
+    def of_kind(self, kind: str) -> RunnerContext:
+        """The context of ``kind``'s runner in this worker: everything it names is its own."""
+        return dataclasses.replace(self, name=f"{self.name}-{kind}")
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ class Worker:
 
     async def start(self) -> None:
         for name, kind in self.kinds.items():
-            runner = kind.runner_class()(self.settings.runner_config(name), self.ctx)
+            runner = kind.runner_class()(self.settings.runner_config(name), self.ctx.of_kind(name))
             if missing := kind.capabilities.missing_from(runner):
                 raise TypeError(f"runner kind {name!r} declares capabilities its runner lacks: {', '.join(missing)}")
             self.runners[name] = runner

@@ -76,7 +76,7 @@ class BrowserRunner:
     def __init__(self, cfg: BrowserRunnerConfig, ctx: RunnerContext) -> None:
         self.cfg = cfg
         self.name = ctx.name
-        self.dir = ctx.runtime_dir / ctx.name / "browser"
+        self.dir = ctx.runtime_dir / ctx.name
         self.sites = Sites.configured(cfg.sites)
         # Every origin a page of ours can store into (sites are fixed at start): what a reset clears.
         self.site_origins = frozenset(
@@ -113,7 +113,7 @@ class BrowserRunner:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self.root = CgroupRoot(self.name + "-browser", Path(self.cfg.cgroup_mount))
+        self.root = CgroupRoot(self.name, Path(self.cfg.cgroup_mount))
         self.cgroup = self.root.slot("chromium")
         self.cgroup.set_limits(self.cfg.memory_mb << 20, self.cfg.pids_max)
         self.cgroup.set_cpu(self.cfg.cpu_cores)

@@ -76,7 +76,7 @@ class SQLRunner:
             path, self.queries = await asyncio.to_thread(data.ensure, Path(self.cfg.data_dir), self.cfg.scale_factor)
         except Exception as exc:  # duckdb.Error, OSError: the node cannot serve SQL at all
             raise SandboxSetupError(f"cannot open the TPC-H data: {exc}") from exc
-        self.root = CgroupRoot(self.name + "-sql", Path(self.cfg.cgroup_mount))
+        self.root = CgroupRoot(self.name, Path(self.cfg.cgroup_mount))
         # Where the fork server lives between its visits to an engine's group: a leaf of its own. Not the
         # worker's group (the cgroup v2 guest): once controllers are handed down from a group, cgroup v2 lets
         # no process join it (EBUSY), and the fork server died going back there after its first engine.
