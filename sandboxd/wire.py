@@ -33,13 +33,21 @@ class ProtocolError(ValueError):
     """The server's answer is not HTTP/1.1 this client can read; the connection is closed."""
 
 
+def _header_line(header: str, text: str) -> str:
+    if "\r" in text or "\n" in text:
+        raise ValueError(f"header {header} carries a line break")
+    return f"{header}: {text}\r\n"
+
+
 class Connection:
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, headers: dict[str, str] | None = None) -> None:
+        """``headers``: sent with every request (a bench's API key), before each request's own."""
         parts = urlsplit(base_url)
         if parts.scheme != "http":
-            raise ValueError(f"sandboxd.wire speaks plain http:// only, not {parts.scheme}:// ({base_url})")
+            raise ValueError(f"sandboxd.wire speaks plain http:// only, not {parts.scheme}:// ({parts.hostname})")
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
+        self._default_headers = "".join(_header_line(k, v) for k, v in (headers or {}).items())
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -61,11 +69,7 @@ class Connection:
         self, method: str, path: str, payload: bytes = b"", headers: dict[str, str] | None = None
     ) -> tuple[int, bytes]:
         """Send one request with a JSON body as bytes; return (status, the answer's body as bytes)."""
-        extra = ""
-        for header, text in (headers or {}).items():
-            if "\r" in text or "\n" in text:
-                raise ValueError(f"header {header} carries a line break")
-            extra += f"{header}: {text}\r\n"
+        extra = self._default_headers + "".join(_header_line(k, v) for k, v in (headers or {}).items())
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{extra}"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"

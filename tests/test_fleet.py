@@ -145,10 +145,11 @@ def test_the_load_window_opens_when_every_process_is_steady() -> None:
     import time
 
     from sandboxd.bench.loadgen import Level, Window
+    from sandboxd.bench.target import Target
 
     ctx = mp.get_context("spawn")
     t0 = time.monotonic()
-    level = Level("B1", "http://127.0.0.1:9", 4, 0.5, 2.0, 1, {}, t0, 2)
+    level = Level("B1", Target.of("http://127.0.0.1:9"), 4, 0.5, 2.0, 1, {}, t0, 2)
     ready, opens = ctx.Value("i", 0), ctx.Value("d", math.inf)
     a, b = Window(ready, opens, level), Window(ready, opens, level)
     a.process_ready(t0 + 0.1)

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandboxd.bench.target import Target
 from sandboxd.wire import Connection
 
 TRIVIAL = "print(1)"
@@ -43,39 +44,45 @@ class Trials:
     failures: int = 0
     wall_s: float = 0.0
     error_examples: list[str] = field(default_factory=list)
+    errors_by_status: dict[str, int] = field(default_factory=dict)  # "401", "transport", "wrong output", ...
+
+    def fail(self, kind: str, why: str) -> None:
+        self.failures += 1
+        self.errors_by_status[kind] = self.errors_by_status.get(kind, 0) + 1
+        if len(self.error_examples) < 3:
+            self.error_examples.append(why)
 
 
-async def _run(target: str, trials: int, concurrency: int, image: str | None) -> Trials:
+async def _run(target: Target, trials: int, concurrency: int, image: str | None) -> Trials:
     out = Trials()
     body = step_body(image)
     pending = iter(range(trials))
 
-    async def loop() -> None:
-        conn = Connection(target)
+    async def loop(i: int) -> None:
+        conn = Connection(target.url_of(i), target.headers())
         try:
             for _ in pending:
                 t = time.perf_counter()
                 try:
                     status, result = await conn.request("POST", "/rollout/step", body)
-                    ok = status == 200 and result["ok"] and result["observation"]["stdout"] == "1\n"
-                    why = None if ok else f"HTTP {status}: {(result or {}).get('error')}"
                 except OSError as exc:
-                    ok, why = False, repr(exc)
+                    out.fail("transport", repr(exc))
                     await conn.close()
-                if ok:
-                    out.latencies_ms.append((time.perf_counter() - t) * 1000)
+                    continue
+                if status != 200:
+                    out.fail(str(status), f"HTTP {status}: {(result or {}).get('error')}")
+                elif not (result["ok"] and result["observation"]["stdout"] == "1\n"):
+                    out.fail("wrong output", f"HTTP {status}: {result.get('error') or result.get('observation')}")
                 else:
-                    out.failures += 1
-                    if why and len(out.error_examples) < 3:
-                        out.error_examples.append(why)
+                    out.latencies_ms.append((time.perf_counter() - t) * 1000)
         finally:
             await conn.close()
 
     t0 = time.monotonic()
-    await asyncio.gather(*(loop() for _ in range(min(concurrency, trials))))
+    await asyncio.gather(*(loop(i) for i in range(min(concurrency, trials))))
     out.wall_s = time.monotonic() - t0
     return out
 
 
-def run_trials(target: str, trials: int, concurrency: int, image: str | None = None) -> Trials:
-    return asyncio.run(_run(target, trials, concurrency, image))
+def run_trials(target: str | Target, trials: int, concurrency: int, image: str | None = None) -> Trials:
+    return asyncio.run(_run(Target.of(target), trials, concurrency, image))

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sandboxd.bench.workload import Loop, OpResult, Samples
+from sandboxd.bench.target import Target
+from sandboxd.bench.workload import Loop, OpResult, Samples, TargetTally
 from sandboxd.bench.workloads import WORKLOADS
 from sandboxd.wire import Connection
 
@@ -33,7 +34,7 @@ class Level:
     """One level's parameters, as each load process receives them."""
 
     workload: str
-    target: str  # a node's base URL, or several comma-separated (each loop keeps to one of them)
+    target: Target  # the nodes (each loop keeps to one of them) and the key
     loops: int
     warmup_s: float
     duration_s: float
@@ -41,6 +42,7 @@ class Level:
     options: dict[str, Any]
     t0: float  # monotonic time the level started (the same clock in every process of this machine)
     nprocs: int
+    first_loop: int = 0  # this process's first loop, counted over every process (how loops spread over nodes)
 
 
 class Window:
@@ -82,19 +84,28 @@ class Window:
         return self.start + self._level.duration_s
 
 
-def _record(out: Samples, res: OpResult, ms: float) -> None:
+def _record(out: Samples, res: OpResult, ms: float, target: str) -> None:
+    """One op ended in the window: completed (its latency and units count), or an error (a non-2xx answer or
+    a transport failure: counted as such, never as an op done)."""
+    tally = out.by_target.setdefault(target, TargetTally())
+    if res.error:
+        out.errors += 1
+        tally.errors += 1
+        who = res.blame or "unknown"
+        out.errors_by_blame[who] = out.errors_by_blame.get(who, 0) + 1
+        status = str(res.status) if res.status is not None else "transport"
+        out.errors_by_status[status] = out.errors_by_status.get(status, 0) + 1
+        if len(out.error_examples) < MAX_ERROR_EXAMPLES:
+            out.error_examples.append(res.error)
+        return
     out.latencies_ms.append(ms)
     out.ops += 1
+    tally.ops += 1
+    tally.latencies_ms.append(ms)
     out.units += res.units
     out.steps += res.steps
     out.reward += res.reward
     out.misses += res.misses
-    if res.error:
-        out.errors += 1
-        who = res.blame or "unknown"
-        out.errors_by_blame[who] = out.errors_by_blame.get(who, 0) + 1
-        if len(out.error_examples) < MAX_ERROR_EXAMPLES:
-            out.error_examples.append(res.error)
     if res.passed is not None:
         out.graded += 1
         out.passed += bool(res.passed)
@@ -125,9 +136,9 @@ async def _child_main(level: Level, window: Window) -> Samples:
 
     async def run_loop(i: int) -> None:
         nonlocal first_done
-        targets = level.target.split(",")  # several nodes: each loop keeps to one, spread evenly
-        conn = Connection(targets[i % len(targets)])
-        loop = Loop(conn, random.Random(level.seed * 1009 + i), shared, level.options, i)
+        url = level.target.url_of(level.first_loop + i)  # several nodes: each loop keeps to one, spread evenly
+        conn = Connection(url, level.target.headers())
+        loop = Loop(conn, random.Random(level.seed * 1009 + i), shared, level.options, i, target=url)
         try:
             await wl.begin(loop)
             first = True
@@ -136,11 +147,11 @@ async def _child_main(level: Level, window: Window) -> Samples:
                 try:
                     res = await wl.op(loop)
                 except (OSError, ValueError, KeyError) as exc:
-                    res = OpResult(error=f"{type(exc).__name__}: {exc}", units=0)
+                    res = OpResult(error=f"{type(exc).__name__}: {exc}", units=0, blame="transport")
                     await loop.conn.close()
                 end = time.monotonic()
                 if window.start <= end < window.stop:
-                    _record(out, res, (time.perf_counter() - t) * 1000)
+                    _record(out, res, (time.perf_counter() - t) * 1000, url)
                 if first:
                     first, first_done = False, first_done + 1
                     if first_done == level.loops:
@@ -195,7 +206,7 @@ def _next_result(q: Any, ps: list[Any], deadline: float) -> Any:
 
 def run_level(
     workload: str,
-    target: str,
+    target: str | Target,
     concurrency: int,
     warmup_s: float,
     duration_s: float,
@@ -209,8 +220,10 @@ def run_level(
     q: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
     ready, opens = ctx.Value("i", 0), ctx.Value("d", math.inf)
     t0 = time.monotonic()
+    where = Target.of(target)
     levels = [
-        Level(workload, target, k, warmup_s, duration_s, seed + i, options or {}, t0, n) for i, k in enumerate(share)
+        Level(workload, where, k, warmup_s, duration_s, seed + i, options or {}, t0, n, sum(share[:i]))
+        for i, k in enumerate(share)
     ]
     ps = [ctx.Process(target=_child, args=(lv, ready, opens, q)) for lv in levels]
     for p in ps:
@@ -239,6 +252,10 @@ def run_level(
         res.error_examples += out.error_examples
         for who, n in out.errors_by_blame.items():
             res.errors_by_blame[who] = res.errors_by_blame.get(who, 0) + n
+        for status, n in out.errors_by_status.items():
+            res.errors_by_status[status] = res.errors_by_status.get(status, 0) + n
+        for url, tally in out.by_target.items():
+            res.by_target.setdefault(url, TargetTally()).merge(tally)
     for p in ps:
         p.join(timeout=30)
         if p.exitcode is None:  # reported, then stuck on the way out: not worth a hang

@@ -167,6 +167,13 @@ def render(doc: dict[str, Any]) -> str:
             if bench == "B8" and extra.get("warm_pool_disabled"):
                 cold = extra["warm_pool_disabled"]["latency_ms"]
                 note = f"warm pool off: p50 {fmt(cold.get('p50'))} / p99 {fmt(cold.get('p99'))} ms"
+            if extra.get("per_target"):
+                note += "; " + ", ".join(
+                    f"{url}: {fmt(t['ops_per_sec'])} ops/s, p99 {fmt(t['latency_ms'].get('p99'))} ms"
+                    for url, t in extra["per_target"].items()
+                )
+            if r.get("failed"):
+                note = f"FAILED: {r['failed']}" + (f"; {note}" if note else "")
             lat = r["latency_ms"]
             rows.append(
                 "<tr>"

@@ -96,7 +96,8 @@ def load(locations: list[str], endpoint_url: str | None = None) -> list[MachineR
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ResultsError(f"{source} is not a sandboxd bench summary ({type(exc).__name__}: {exc})") from exc
         mr = machines.setdefault(m, MachineResults(m))
-        for wl, runs in benchmarks.items():
+        for wl, all_runs in benchmarks.items():
+            runs = [r for r in all_runs if not r.get("failed")]  # a FAILED level measured errors, not a node
             if runs:
                 mr.runs[wl] = runs
                 mr.sources[wl] = source

@@ -28,7 +28,13 @@ from sandboxd.bench import coldstart, interference, loadgen, pricing, report
 from sandboxd.bench.instance import describe
 from sandboxd.bench.resources import Sampler
 from sandboxd.bench.stats import summary
+from sandboxd.bench.target import Target
+from sandboxd.bench.workload import Samples
 from sandboxd.bench.workloads import WORKLOADS, listed
+
+# A level with more errors than this share of its attempts measured failures, not the node: it is marked
+# FAILED (console, its JSON, summary.json) and ``sandboxd bench`` exits non-zero.
+MAX_ERROR_RATE = 0.01
 
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {  # does every path work: seconds per level, not figures
@@ -144,20 +150,44 @@ class Progress:
         print(line, flush=True)
 
 
-def node_processes(target: str) -> dict[str, Any]:
+def node_processes(target: Target) -> dict[str, Any]:
     """The node's process model as it says it (front processes, workers) and, when it runs on this machine,
-    the pid its processes descend from (for CPU per unit by role)."""
+    the pid its processes descend from (for CPU per unit by role). The first node's, for several."""
     import httpx
 
     try:
-        status = httpx.get(f"{target.split(',')[0]}/readyz", timeout=10).json()
+        status = httpx.get(f"{target.first}/readyz", headers=target.headers(), timeout=10).json()
     except (httpx.HTTPError, ValueError):
         return {}
     out: dict[str, Any] = {"fronts": len(status.get("fronts") or []) or 1, "workers": len(status.get("workers") or [])}
     pid = status.get("pid")
-    local = any(h in target for h in ("127.0.0.1", "localhost", "[::1]"))
-    if isinstance(pid, int) and local and os.path.exists(f"/proc/{pid}"):
+    if isinstance(pid, int) and target.local and len(target.urls) == 1 and os.path.exists(f"/proc/{pid}"):
         out["pid"] = pid
+    return out
+
+
+def failure(errors: int, attempts: int, by_status: dict[str, int]) -> str | None:
+    """Why a level measured failures rather than the node (None: it did not): more than ``MAX_ERROR_RATE`` of
+    its attempts failed, or none completed. 401s are named: a key the nodes did not take."""
+    if attempts and errors / attempts <= MAX_ERROR_RATE and errors < attempts:
+        return None
+    if not attempts:
+        return "no operation completed"
+    why = f"{errors} of {attempts} attempts failed ({100 * errors / attempts:.1f}% > {100 * MAX_ERROR_RATE:g}%)"
+    codes = ", ".join(f"{n}x {k}" for k, n in sorted(by_status.items(), key=lambda kv: -kv[1]))
+    if codes:
+        why += f": {codes}"
+    if "401" in by_status:
+        why += "; the node refused the key (401): set SANDBOXD_API_KEY, or --api-key-file PATH"
+    return why
+
+
+def per_target(s: Samples, duration_s: float) -> dict[str, Any]:
+    """Each node's share when a level drove several (what the report shows per target, beside the total)."""
+    out = {}
+    for url, t in sorted(s.by_target.items()):
+        lat = summary(t.latencies_ms, t.errors)
+        out[url] = {"ops_per_sec": round(t.ops / duration_s, 3), "ops": t.ops, "errors": t.errors, "latency_ms": lat}
     return out
 
 
@@ -181,7 +211,7 @@ def _timestamp() -> str:
 
 
 def run_timed(
-    wl_id: str, target: str, c: int, plan: Plan, instance: dict[str, Any], progress: Progress
+    wl_id: str, target: Target, c: int, plan: Plan, instance: dict[str, Any], progress: Progress
 ) -> dict[str, Any]:
     """One time-driven level of a closed-loop workload (B1, B7, ...)."""
     wl = WORKLOADS[wl_id]
@@ -209,8 +239,11 @@ def run_timed(
         "ops_per_sec": round(s.ops / duration, 3),  # the workload's own requests (interference.py's unit)
         "per_vcpu_throughput": round(primary / ncpu, 3),
         "node": {**node, **cpu_per_unit(sampler.cpu_by_role(s.window), primary)},
+        "errors_by_status": s.errors_by_status,
         "versions": _versions(),
     }
+    if len(target.urls) > 1:
+        extra["per_target"] = per_target(s, duration)
     result: dict[str, Any] = {
         "benchmark": wl_id,
         "workload": wl.name,
@@ -223,6 +256,7 @@ def run_timed(
         "cost": _cost(instance, primary),
         "extra": extra,
         "timestamp": _timestamp(),
+        "failed": failure(s.errors, s.ops + s.errors, s.errors_by_status),
     }
     graded = f"  pass {extra['pass_rate']}" if "pass_rate" in extra else ""
     progress.end(
@@ -230,12 +264,15 @@ def run_timed(
         f"  errors {s.errors} (infra {s.errors_by_blame.get('infra', 0)})"
         f"  host cpu {result['resource']['cpu_util_avg']}%"
         f"  client {result['resource']['client_cpu_cores']} cores"
+        + (f"\n  FAILED: {result['failed']}" if result["failed"] else "")
     )
+    for url, share in extra.get("per_target", {}).items():
+        print(f"    {url}: {share['ops_per_sec']} ops/s  p99 {share['latency_ms']['p99']} ms  errors {share['errors']}")
     return result
 
 
 def run_b8(
-    target: str, cold_target: str | None, c: int, plan: Plan, instance: dict[str, Any], progress: Progress
+    target: Target, cold_target: Target | None, c: int, plan: Plan, instance: dict[str, Any], progress: Progress
 ) -> dict[str, Any]:
     progress.begin(f"B8 c={c}", 5.0)
     with Sampler(period_s=0.25) as sampler:  # B8 levels last seconds: sample more often
@@ -272,24 +309,27 @@ def run_b8(
                 "latency_ms": summary(cold.latencies_ms, cold.failures),
                 "error_examples": cold.error_examples,
             },
+            "errors_by_status": warm.errors_by_status,
             "versions": _versions(),
         },
         "timestamp": _timestamp(),
+        "failed": failure(warm.failures, len(warm.latencies_ms) + warm.failures, warm.errors_by_status),
     }
     cold_p50 = result["extra"]["warm_pool_disabled"]["latency_ms"]["p50"] if cold else "n/a"
     progress.end(
         f"B8 c={c:<4} {result['throughput']['container_starts_per_sec']:9.1f} starts/s  p50 "
         f"{result['latency_ms']['p50']} p99 {result['latency_ms']['p99']} ms  (warm pool off: p50 {cold_p50} ms)"
+        + (f"\n  FAILED: {result['failed']}" if result["failed"] else "")
     )
     return result
 
 
-def _image_of(target: str, name: str) -> dict[str, Any] | None:
+def _image_of(target: Target, name: str) -> dict[str, Any] | None:
     """The image B8 started (``GET /images``): its id, layers and size, for the report."""
     import httpx
 
     try:
-        images = httpx.get(f"{target}/images", timeout=30).json().get("images", [])
+        images = httpx.get(f"{target.first}/images", headers=target.headers(), timeout=30).json().get("images", [])
     except (httpx.HTTPError, ValueError):
         return None
     for image in images:
@@ -298,7 +338,13 @@ def _image_of(target: str, name: str) -> dict[str, Any] | None:
     return None
 
 
-def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | None) -> Path:
+@dataclass(frozen=True)
+class RunOutcome:
+    run_dir: Path
+    failed: list[str]  # "B1 c=8: why", for every level that failed or could not run
+
+
+def execute(plan: Plan, target: Target | None, out_dir: Path, instance_type: str | None) -> RunOutcome:
     instance = describe(instance_type)
     # The host name too: two machines of one type started in the same second share no directory or S3 key.
     run_dir: Path = out_dir / instance["arch"] / f"{instance['instance_type']}_{_timestamp()}_{instance['instance_id']}"
@@ -312,6 +358,7 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
         flush=True,
     )
     results: dict[str, list[dict[str, Any]]] = {}
+    failed: list[str] = []
     with contextlib.ExitStack() as stack:
         kinds = {k for wl in plan.workloads for k in WORKLOADS[wl].runners if wl != "B8"}
         if "B8" in plan.workloads:
@@ -323,12 +370,12 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
         images = (
             {"SANDBOXD_IMAGES_DIR": os.environ["SANDBOXD_IMAGES_DIR"]} if "SANDBOXD_IMAGES_DIR" in os.environ else {}
         )
-        base = target or stack.enter_context(embedded_node({**node_settings, **images}))
+        base = target or Target((stack.enter_context(embedded_node({**node_settings, **images})),))
         cold_base = None
         if "B8" in plan.workloads and target is None and plan.b8_cold_trials > 0:
             runner = plan.b8_runner()
             cold = {f"SANDBOXD_{runner.upper()}__WARM_POOL": "false", "SANDBOXD_RUNNERS": f'["{runner}"]', **images}
-            cold_base = stack.enter_context(embedded_node(cold))
+            cold_base = Target((stack.enter_context(embedded_node(cold)),))
         for wl in plan.workloads:
             trials = WORKLOADS[wl].mode == "trials"
             folder = run_dir / f"{wl}_{WORKLOADS[wl].name}"
@@ -343,7 +390,10 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
                     )
                 except Exception as exc:  # one level failing must not lose the others
                     progress.end(f"{wl} c={c}: FAILED {type(exc).__name__}: {exc}")
+                    failed.append(f"{wl} c={c}: {type(exc).__name__}: {exc}")
                     continue
+                if res["failed"]:
+                    failed.append(f"{wl} c={c}: {res['failed']}")
                 (folder / f"c{c:04d}.json").write_text(json.dumps(res, indent=2))
                 runs.append(res)
                 if plan.cooldown:
@@ -369,15 +419,19 @@ def execute(plan: Plan, target: str | None, out_dir: Path, instance_type: str | 
             "b8_trials": plan.b8_trials,
             "b8_cold_trials": plan.b8_cold_trials,
             "b8_image": plan.b8_image,
-            "target": target or "embedded",
+            "target": target.display if target else "embedded",
+            "targets": list(target.urls) if target else [],
         },
         "benchmarks": results,
         "interference": mixing,
+        "failed": failed,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary_doc, indent=2))
     (run_dir / "report.html").write_text(report.render(summary_doc))
     print(f"wrote {run_dir}/summary.json and report.html", flush=True)
-    return run_dir
+    if failed:
+        print(f"FAILED: {len(failed)} level(s):\n  " + "\n  ".join(failed), flush=True)
+    return RunOutcome(run_dir, failed)
 
 
 def make_plan(workloads: list[str], preset: str, **overrides: Any) -> Plan:

@@ -16,11 +16,10 @@ per-round throughput ratios.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 from dataclasses import dataclass, field
 
-from sandboxd.bench.coldstart import _run
+from sandboxd.bench.coldstart import run_trials
 from sandboxd.bench.loadgen import run_level
 from sandboxd.localnode import NodeProcess
 
@@ -35,7 +34,7 @@ class Side:
 def _measure(workload: str, url: str, c: int, args: argparse.Namespace, r: int) -> tuple[list[float], float, int]:
     """One round on one node: its latencies (ms), its throughput, its failures."""
     if workload == "B8":
-        res = asyncio.run(_run(url, args.trials, c, None))
+        res = run_trials(url, args.trials, c, None)
         return res.latencies_ms, len(res.latencies_ms) / res.wall_s, 0
     s = run_level("B1", url, c, args.warmup, args.duration, seed=(0xB1 ^ c) + r)
     return s.latencies_ms, s.ops / args.duration, s.errors + (s.graded - s.passed)

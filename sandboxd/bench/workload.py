@@ -15,6 +15,7 @@ from sandboxd.wire import Connection
 @dataclass(frozen=True)
 class OpResult:
     error: str | None = None  # client or infrastructure failure (non-2xx, not a program's failure)
+    status: int | None = None  # with error: the HTTP status that made it one (None: a transport error)
     passed: bool | None = None  # graded outcome where the workload defines one
     channel: str | None = None  # per-task / per-query latency channel
     units: int = 1  # sub-units done by the op (B7: episodes), for throughput
@@ -35,11 +36,27 @@ class Loop:
     options: dict[str, Any]
     index: int
     state: dict[str, Any] = field(default_factory=dict)
+    target: str = ""  # the node it drives (a URL without credentials)
+
+
+@dataclass
+class TargetTally:
+    """One node's share of a level driven over several (``--target`` given more than once)."""
+
+    ops: int = 0
+    errors: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+
+    def merge(self, other: TargetTally) -> None:
+        self.ops += other.ops
+        self.errors += other.errors
+        self.latencies_ms += other.latencies_ms
 
 
 @dataclass
 class Samples:
-    """What one level collected, merged over the load processes."""
+    """What one level collected, merged over the load processes. ``ops`` and the latencies are the ops that
+    completed; an op answered with a non-2xx status (or a transport error) is an error, never an op."""
 
     latencies_ms: list[float] = field(default_factory=list)
     channels: dict[str, list[float]] = field(default_factory=dict)
@@ -56,10 +73,17 @@ class Samples:
     window: tuple[float, float] | None = None  # monotonic [from, to) the ops were counted in (all processes)
     error_examples: list[str] = field(default_factory=list)
     errors_by_blame: dict[str, int] = field(default_factory=dict)
+    errors_by_status: dict[str, int] = field(default_factory=dict)  # "401", "503", "transport", ...
+    by_target: dict[str, TargetTally] = field(default_factory=dict)
 
     @property
     def pass_rate(self) -> float | None:
         return round(self.passed / self.graded, 4) if self.graded else None
+
+    @property
+    def error_rate(self) -> float:
+        attempts = self.ops + self.errors
+        return self.errors / attempts if attempts else 0.0
 
 
 def _error_of(body: Any) -> dict[str, Any]:
@@ -74,7 +98,7 @@ def http_error(status: int, body: Any, what: str = "") -> str:
 
 def http_failure(status: int, body: Any, what: str = "", **fields: Any) -> OpResult:
     """A non-2xx answer as an op's result: the error line and whose failure the server said it was."""
-    return OpResult(error=http_error(status, body, what), blame=_error_of(body).get("blame"), **fields)
+    return OpResult(error=http_error(status, body, what), blame=_error_of(body).get("blame"), status=status, **fields)
 
 
 class Workload:

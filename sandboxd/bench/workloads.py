@@ -94,7 +94,7 @@ class CodeExecFusion(CodeExec):
         body = {"code": code, "language": "python", "run_timeout": self.timeout_s, "compile_timeout": 10}
         status, result = await loop.conn.request("POST", "/run_code", body)
         if status != 200:
-            return OpResult(error=f"HTTP {status} from /run_code: {str(result)[:200]}", blame="infra")
+            return OpResult(error=f"HTTP {status} from /run_code: {str(result)[:200]}", blame="infra", status=status)
         if result.get("status") == "SandboxError":
             return OpResult(error=f"SandboxError: {result.get('message')}", blame="infra")
         return OpResult(passed=result["status"] == "Success")
@@ -392,7 +392,7 @@ class BrowserBaseline(Browser):
         finally:
             await loop.conn.close()
         if status != 200:
-            return OpResult(error=f"HTTP {status}: {str(result)[:200]}", channel=name)
+            return OpResult(error=f"HTTP {status}: {str(result)[:200]}", channel=name, status=status)
         return OpResult(channel=name, steps=result["actions"], misses=result["steps_failed"])
 
 
@@ -444,11 +444,11 @@ class ConcurrentMixed(Workload):
         subs: list[tuple[str, float]] = []
         try:
             for task in tasks:
-                sub = Loop(loop.conn, loop.rng, loop.shared[task], loop.options, loop.index, loop.state)
+                sub = Loop(loop.conn, loop.rng, loop.shared[task], loop.options, loop.index, loop.state, loop.target)
                 t = asyncio.get_running_loop().time()
                 res = await WORKLOADS[task].op(sub)
                 if res.error:
-                    return OpResult(error=f"{task}: {res.error}", blame=res.blame)
+                    return OpResult(error=f"{task}: {res.error}", blame=res.blame, status=res.status)
                 subs.append((task, (asyncio.get_running_loop().time() - t) * 1000))
         finally:
             del loop.state["rollout_id"]
