@@ -314,3 +314,26 @@ def test_bench_drives_a_keyed_fleet_and_never_writes_its_key(tmp_path: Path) -> 
 
         bad = _bench(tmp_path / "bad", "B1", "--target", f"https://127.0.0.1:{port}")
         assert bad.returncode == 2 and "plain http://" in bad.stderr, bad.stderr
+
+
+@pytest.mark.timeout(300)
+def test_the_sandboxfusion_comparison_runs_against_any_server_of_its_contract(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``fusion_vs_sandboxd`` against a server that speaks ``/run_code`` (here a second view of one node, so
+    both sides must agree): every program passes on both, and each side's process tree is found and charged."""
+    import httpx
+
+    from sandboxd.bench import fusion_vs_sandboxd
+    from tests.conftest import running_node
+
+    with running_node(runners='["python"]', workers=1) as base:
+        pid = httpx.get(f"{base}/readyz").json()["pid"]
+        assert fusion_vs_sandboxd.listening_pid(base) == pid
+        other = base.replace("127.0.0.1", "localhost")
+        args = ["--fusion", other, "--target", base, "--pid", str(pid), "--workloads", "B1", "--concurrency", "2"]
+        assert fusion_vs_sandboxd.main([*args, "--duration", "1.5", "--warmup", "0.5", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "req/s" in line and "pass" in line]
+    assert len(lines) == 2 and all("pass 100.0%" in line and "errors 0 " in line for line in lines), out
+    assert "cpu     n/a" not in out and "sandboxd/fusion:" in out, out

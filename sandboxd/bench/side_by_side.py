@@ -36,7 +36,8 @@ def _measure(workload: str, url: str, c: int, args: argparse.Namespace, r: int) 
     if workload == "B8":
         res = run_trials(url, args.trials, c, None)
         return res.latencies_ms, len(res.latencies_ms) / res.wall_s, 0
-    s = run_level("B1", url, c, args.warmup, args.duration, seed=(0xB1 ^ c) + r)
+    options = {"exclude": sorted(x for x in args.exclude.split(",") if x)}
+    s = run_level("B1", url, c, args.warmup, args.duration, seed=(0xB1 ^ c) + r, options=options)
     return s.latencies_ms, s.ops / args.duration, s.errors + (s.graded - s.passed)
 
 
@@ -58,6 +59,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=10.0, help="B1: measured seconds per round")
     ap.add_argument("--warmup", type=float, default=2.0, help="B1: unmeasured seconds before each round")
     ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--exclude", default="", help="B1: task ids to leave out, e.g. mbpp/123 (7 s of CPU alone)")
     ap.add_argument("--env-a", action="append", default=[], help="a SANDBOXD_ setting of node A (KEY=VALUE)")
     ap.add_argument("--env-b", action="append", default=[], help="a SANDBOXD_ setting of node B (KEY=VALUE)")
     args = ap.parse_args()

@@ -100,6 +100,34 @@ class CodeExecFusion(CodeExec):
         return OpResult(passed=result["status"] == "Success")
 
 
+class CppFusion(Workload):
+    """A C++ solution graded on one of its tests per op, through ``POST /run_code`` (``cpp_cases.py``): what a
+    code-contest trainer sends any SandboxFusion-compatible server. ``options["fresh"]``: every source new."""
+
+    id, name, title, unit = "cpp-fusion", "cpp_fusion", "C++ cases via /run_code", "exec"
+    rate_unit = "exec/s"
+    throughput_key, seed_base = "executions_per_sec", 0xC99
+    listed = False
+    runners = ("code",)
+
+    def setup(self, options: dict[str, Any]) -> list[Any]:
+        from sandboxd.bench.cpp_cases import cases
+
+        return cases()
+
+    async def op(self, loop: Loop) -> OpResult:
+        case = loop.shared[loop.rng.randrange(len(loop.shared))]
+        source = case.source + (f"// {loop.rng.getrandbits(64):x}\n" if loop.options.get("fresh") else "")
+        body = {"code": source, "language": "cpp", "stdin": case.stdin, "run_timeout": 10, "compile_timeout": 30}
+        status, result = await loop.conn.request("POST", "/run_code", body)
+        if status != 200:
+            return OpResult(error=f"HTTP {status} from /run_code: {str(result)[:200]}", blame="infra", status=status)
+        if result.get("status") == "SandboxError":
+            return OpResult(error=f"SandboxError: {result.get('message')}", blame="infra")
+        out = ((result.get("run_result") or {}).get("stdout") or "").strip()
+        return OpResult(passed=result.get("status") == "Success" and out == case.expected, channel=case.problem)
+
+
 class CodeExecBaseline(CodeExec):
     """B1's programs as a plain worker runs them: ``prlimit --cpu --as python -c`` per op, no HTTP."""
 
@@ -504,6 +532,7 @@ WORKLOADS: dict[str, Workload] = {
         ConcurrentMixed(),
         CodeExecSession(),
         CodeExecFusion(),
+        CppFusion(),
         CodeExecBaseline(),
     )
 }

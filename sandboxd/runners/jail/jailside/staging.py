@@ -88,7 +88,8 @@ _LIBRARY_RNGS = (("sympy.core.random", ("rng", "_assumptions_rng")),)
 def reseed() -> None:
     import random
 
-    random.seed()  # the zygote's state is shared by every child: start each afresh
+    # ``random``'s own generator needs nothing here: the module reseeds it in every child at its fork
+    # (``os.register_at_fork``), which the executor's clone runs as ``os.fork`` would.
     numpy = sys.modules.get("numpy")
     if numpy is not None:  # a template's numpy: its global generator was seeded once, for every executor
         numpy.random.seed()
