@@ -360,6 +360,7 @@ async def test_a_fork_the_sessions_own_code_subverts_is_refused_and_blamed_on_it
         http,
         patched,
         "import gc, types\n"
+        "gc.unfreeze()\n"  # the zygote froze what it shares (gc.freeze): back in the collector's sight
         "for m in gc.get_objects():\n"
         "    if isinstance(m, types.ModuleType) and m.__name__ == 'seccomp':\n"
         "        m.install = lambda *a, **k: None",

@@ -219,23 +219,26 @@ async def _harness_frame(
         return None
 
 
-async def run_step(
-    ex: Executor,
-    header: dict[str, Any],
-    body: bytes,
-    timeout_s: float,
-    cap: int,
-    kill_at: int,
-    session: bool,
-    grace_s: float,
-    account: Callable[[], Starvation] | None = None,
-) -> tuple[dict[str, Any], Output]:
-    """Feed one request to ``ex``; collect output; enforce the wall clock and the output cap.
+@dataclass(frozen=True)
+class StepRequest:
+    """One execution as the exchange runs it: the request, its output caps, its deadline and, given
+    ``account``, the step's account of its own time, opened when the request goes out: time the program was
+    kept off the CPU by others is given back at the deadline (``starvation.py``)."""
 
-    ``account``: the step's account of its own time, opened when its request goes out; given, time the
-    program was kept off the CPU by others is given back at the deadline (``starvation.py``)."""
+    header: dict[str, Any]
+    body: bytes
+    timeout_s: float
+    cap: int  # output bytes kept per stream
+    kill_at: int  # output bytes per stream past which the program is killed
+    session: bool  # a session's cell: its reply frame ends it, and the deadline interrupts before it kills
+    grace_s: float = 0.0  # a session cell's time between the interrupt and the kill
+    account: Callable[[], Starvation] | None = None
+
+
+async def run_step(ex: Executor, req: StepRequest) -> tuple[dict[str, Any], Output]:
+    """Feed one request to ``ex``; collect output; enforce the wall clock and the output cap."""
     with ex.in_use():
-        return await _run_step(ex, header, body, timeout_s, cap, kill_at, session, grace_s, account)
+        return await _Exchange(ex, req).run()
 
 
 def request_frame(header: dict[str, Any], body: bytes = b"") -> bytes:
@@ -252,28 +255,23 @@ def request_frame(header: dict[str, Any], body: bytes = b"") -> bytes:
     return frame
 
 
-async def _run_step(
-    ex: Executor,
-    header: dict[str, Any],
-    body: bytes,
-    timeout_s: float,
-    cap: int,
-    kill_at: int,
-    session: bool,
-    grace_s: float,
-    account: Callable[[], Starvation] | None,
-) -> tuple[dict[str, Any], Output]:
-    request = request_frame(header, body)
-    loop = asyncio.get_running_loop()
-    out = Output(cap, kill_at)
-    done: asyncio.Future[None] = loop.create_future()
-    open_fds = {ex.out_r: 1, ex.err_r: 2}
-    killed_by: str | None = None
-    timed_out = False
-    harness: tuple[dict[str, Any], bytes] | None = None
+class _Exchange:
+    """One execution's exchange, from the request written to the result dict (``run_step``)."""
 
-    def readable(fd: int) -> None:
-        nonlocal killed_by
+    def __init__(self, ex: Executor, req: StepRequest) -> None:
+        self.ex, self.req = ex, req
+        self.loop = asyncio.get_running_loop()
+        self.out = Output(req.cap, req.kill_at)
+        self.done: asyncio.Future[None] = self.loop.create_future()  # a one-shot's pipes have both closed
+        self.open_fds = {ex.out_r: 1, ex.err_r: 2}
+        self.killed_by: str | None = None
+        self.timed_out = False
+        self.step_exit: dict[str, Any] | None = None  # a session's reply frame, when it was its own
+        self.harness: tuple[dict[str, Any], bytes] | None = None
+        self.reading: asyncio.Future[tuple[dict[str, Any], bytes]] | None = None  # a one-shot's fetched files
+        self.starvation: Starvation | None = None
+
+    def _readable(self, fd: int) -> None:
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
@@ -281,131 +279,152 @@ async def _run_step(
         except OSError:
             chunk = b""
         if not chunk:
-            loop.remove_reader(fd)
-            open_fds.pop(fd, None)
-            if not open_fds and not session and not done.done():
-                done.set_result(None)
+            self.loop.remove_reader(fd)
+            self.open_fds.pop(fd, None)
+            if not self.open_fds and not self.req.session and not self.done.done():
+                self.done.set_result(None)
             return
-        if out.add(open_fds[fd], chunk) and killed_by is None:
-            killed_by = "output"
-            ex.kill()
+        if self.out.add(self.open_fds[fd], chunk) and self.killed_by is None:
+            self.killed_by = "output"
+            self.ex.kill()
 
-    for fd in open_fds:
-        loop.add_reader(fd, readable, fd)
-    step_exit: dict[str, Any] | None = None
-    reading: asyncio.Future[tuple[dict[str, Any], bytes]] | None = None
-    try:
-        await loop.sock_sendall(ex.sock, request)
-        if not session and "fetch" in header:
-            reading = asyncio.ensure_future(
-                recv_frame(ex.sock, wire.MAX_HEADER_BYTES, header.get("fetch_max_bytes", 0))
-            )
-        starvation = account() if account is not None else None
-        # One-shot: the program is done when its executor (init of its pid namespace) exits, not when
-        # its pipes close: a program that closes stdout and stderr and sleeps is still running.
-        waiter: asyncio.Future[Any] = (
-            asyncio.ensure_future(recv_frame(ex.sock, SESSION_REPLY_MAX_HEADER_BYTES, 0)) if session else ex.exit
-        )
-        deadline = loop.time() + timeout_s
+    async def run(self) -> tuple[dict[str, Any], Output]:
+        ex, req = self.ex, self.req
+        request = request_frame(req.header, req.body)
+        for fd in self.open_fds:
+            self.loop.add_reader(fd, self._readable, fd)
+        try:
+            await self.loop.sock_sendall(ex.sock, request)
+            if not req.session and "fetch" in req.header:
+                self.reading = asyncio.ensure_future(
+                    recv_frame(ex.sock, wire.MAX_HEADER_BYTES, req.header.get("fetch_max_bytes", 0))
+                )
+            self.starvation = req.account() if req.account is not None else None
+            # One-shot: the program is done when its executor (init of its pid namespace) exits, not when
+            # its pipes close: a program that closes stdout and stderr and sleeps is still running.
+            waiter: asyncio.Future[Any] = ex.exit
+            if req.session:
+                waiter = asyncio.ensure_future(recv_frame(ex.sock, SESSION_REPLY_MAX_HEADER_BYTES, 0))
+            await self._until_done(waiter)
+            await self._after(waiter)
+        finally:
+            self._release()
+        return self._result(), self.out
+
+    async def _until_done(self, waiter: asyncio.Future[Any]) -> None:
+        """Wait for the step's end (its reply, or its executor's exit) or its deadline, kept on its own time."""
+        ex, req, loop = self.ex, self.req, self.loop
+        deadline = loop.time() + req.timeout_s
         interrupted = False
         while True:
-            wait_on = {waiter, ex.exit}
             finished, _ = await asyncio.wait(
-                wait_on, timeout=max(0.0, deadline - loop.time()), return_when=asyncio.FIRST_COMPLETED
+                {waiter, ex.exit}, timeout=max(0.0, deadline - loop.time()), return_when=asyncio.FIRST_COMPLETED
             )
-            if waiter in finished and (not session or waiter.exception() is None):
-                if session:
-                    step_exit = waiter.result()[0]
-                    code = step_exit.get("exit_code")
-                    ours = step_exit.get("tag") == header.get("tag")
-                    if ours and step_exit.get("op") == "stage_error":
-                        break  # the cell never ran: its files could not be written
-                    if not ours or step_exit.get("op") != "done" or not isinstance(code, int) or isinstance(code, bool):
-                        # A frame the program wrote itself: not the reply to this request (an earlier cell's
-                        # forgery leaves the real reply behind it, answering the wrong cell). The session ends.
-                        step_exit = None
-                        killed_by = killed_by or "protocol"
-                        ex.kill()
-                break
-            if ex.exit in finished or (session and waiter in finished):
-                if session and not ex.exit.done():
+            if waiter in finished and (not req.session or waiter.exception() is None):
+                if req.session:
+                    self._session_reply(waiter.result()[0])
+                return
+            if ex.exit in finished or (req.session and waiter in finished):
+                if req.session and not ex.exit.done():
                     if not isinstance(waiter.exception(), ChannelGarbage):
                         # The channel closed: its executor dying (its exit report follows at once), or the
                         # program closing the descriptor itself (it runs in that process; nothing else holds it).
                         await asyncio.wait({ex.exit}, timeout=CHANNEL_CLOSED_GRACE_S)
                     if not ex.exit.done():
-                        killed_by = killed_by or "protocol"  # garbage on, or a close of, its own channel
+                        self.killed_by = self.killed_by or "protocol"  # garbage on, or a close of, its own channel
                         ex.kill()
-                break  # the executor died (killed at a limit, or its kernel crashed)
-            if starvation is not None and not interrupted:
-                more = starvation.more_s()
+                return  # the executor died (killed at a limit, or its kernel crashed)
+            if self.starvation is not None and not interrupted:
+                more = self.starvation.more_s()
                 if more > 0:
                     deadline = loop.time() + more
                     continue
-            timed_out = True
-            if session and not interrupted:
+            self.timed_out = True
+            if req.session and not interrupted:
                 ex.kill(signal.SIGINT)  # like a notebook: interrupt first, state survives
                 interrupted = True
-                deadline = loop.time() + grace_s
+                deadline = loop.time() + req.grace_s
                 continue
-            killed_by = killed_by or "time"
+            self.killed_by = self.killed_by or "time"
             ex.kill()
             await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)
-            break
-        if session and step_exit is None and not ex.exit.done():
+            return
+
+    def _session_reply(self, frame: dict[str, Any]) -> None:
+        """A session's reply: its own (``done``, or ``stage_error`` when the cell never ran), or a frame the
+        program wrote itself, which ends the session: not the reply to this request (an earlier cell's forgery
+        leaves the real reply behind it, answering the wrong cell)."""
+        code = frame.get("exit_code")
+        ours = frame.get("tag") == self.req.header.get("tag")
+        if ours and frame.get("op") == "stage_error":
+            self.step_exit = frame
+        elif not ours or frame.get("op") != "done" or not isinstance(code, int) or isinstance(code, bool):
+            self.killed_by = self.killed_by or "protocol"
+            self.ex.kill()
+        else:
+            self.step_exit = frame
+
+    async def _after(self, waiter: asyncio.Future[Any]) -> None:
+        """What follows the step's end: its exit report, its output drained, a one-shot harness's last frame."""
+        ex, req = self.ex, self.req
+        if req.session and self.step_exit is None and not ex.exit.done():
             await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)
-        if not session:
+        if not req.session:
             await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)  # the zygote's report
             # Everything in its pid namespace died with it, so the pipes close at once.
-            await asyncio.wait({done}, timeout=SANDBOX_READY_TIMEOUT_S)
-            if killed_by is None and not timed_out and ("fetch" in header or _exit_code(ex) == STAGE_FAILED):
-                harness = await _harness_frame(ex.sock, header.get("fetch_max_bytes", 0), reading)
-        if session and not waiter.done():
+            await asyncio.wait({self.done}, timeout=SANDBOX_READY_TIMEOUT_S)
+            staged = "fetch" in req.header or _exit_code(ex) == STAGE_FAILED
+            if self.killed_by is None and not self.timed_out and staged:
+                self.harness = await _harness_frame(ex.sock, req.header.get("fetch_max_bytes", 0), self.reading)
+        if req.session and not waiter.done():
             waiter.cancel()
-        elif session and not waiter.cancelled():
+        elif req.session and not waiter.cancelled():
             waiter.exception()  # retrieved: a channel that closed with its executor is not worth a log line
-    finally:
-        if reading is not None:
-            if not reading.done():
-                reading.cancel()
-            elif not reading.cancelled():
-                reading.exception()  # retrieved: a channel that closed with its executor says nothing more
-        for fd in list(open_fds):
-            loop.remove_reader(fd)
-            # drain what was written before the step ended
-            while True:
+
+    def _release(self) -> None:
+        if self.reading is not None:
+            if not self.reading.done():
+                self.reading.cancel()
+            elif not self.reading.cancelled():
+                self.reading.exception()  # retrieved: a channel that closed with its executor says nothing more
+        for fd in list(self.open_fds):
+            self.loop.remove_reader(fd)
+            while True:  # drain what was written before the step ended
                 try:
                     chunk = os.read(fd, 1 << 16)
                 except OSError:
                     break
                 if not chunk:
                     break
-                out.add(open_fds[fd], chunk)
-    result: dict[str, Any] = {"timed_out": timed_out, "killed_by": killed_by}
-    if timed_out and starvation is not None and starvation.starved:
-        result.update(starved=True, kept_s=starvation.kept_s, wall_s=starvation.wall_cap_s)
-    if step_exit is not None and step_exit.get("op") == "stage_error":
-        result.update(stage_error=str(step_exit.get("error")), exit_code=None, signal=None, alive=True)
-    elif step_exit is not None:
-        sig = step_exit.get("signal")  # a container session's: what ended its command, in its shell's word
-        sig = sig if type(sig) is int and 1 <= sig <= 64 else None
-        result.update(exit_code=int(step_exit["exit_code"]), signal=sig, alive=True)
-    elif ex.exit.done() and ex.exit.exception() is None:
-        result.update(ex.exit.result(), alive=False)
-    else:
-        result.update(exit_code=None, signal=None, alive=False, lost=True)
-    if harness is not None:
-        head, files = harness
-        if head.get("op") == "stage_error":
-            result["stage_error"] = str(head.get("error"))
-        elif head.get("op") == "enter_error":  # a container's root (``jailside/container.py``): whose, it says
-            result["enter_error"] = str(head.get("error"))
-            result["enter_node"] = head.get("node") is True
-        elif head.get("op") == "fetched":
-            # The program's own status, as the process that ran nothing of it saw it end, and its files.
-            result.update(exit_code=head.get("exit_code"), signal=head.get("signal"), fetched=(head, files))
-    elif "fetch" in header:
-        result["fetched"] = None  # the sandbox ended before the files could be read
-    if "fetch" in header:
-        result["fetch_paths"] = header["fetch"]
-    return result, out
+                self.out.add(self.open_fds[fd], chunk)
+
+    def _result(self) -> dict[str, Any]:
+        ex, header, step_exit, starvation = self.ex, self.req.header, self.step_exit, self.starvation
+        result: dict[str, Any] = {"timed_out": self.timed_out, "killed_by": self.killed_by}
+        if self.timed_out and starvation is not None and starvation.starved:
+            result.update(starved=True, kept_s=starvation.kept_s, wall_s=starvation.wall_cap_s)
+        if step_exit is not None and step_exit.get("op") == "stage_error":
+            result.update(stage_error=str(step_exit.get("error")), exit_code=None, signal=None, alive=True)
+        elif step_exit is not None:
+            sig = step_exit.get("signal")  # a container session's: what ended its command, in its shell's word
+            sig = sig if type(sig) is int and 1 <= sig <= 64 else None
+            result.update(exit_code=int(step_exit["exit_code"]), signal=sig, alive=True)
+        elif ex.exit.done() and ex.exit.exception() is None:
+            result.update(ex.exit.result(), alive=False)
+        else:
+            result.update(exit_code=None, signal=None, alive=False, lost=True)
+        if self.harness is not None:
+            head, files = self.harness
+            if head.get("op") == "stage_error":
+                result["stage_error"] = str(head.get("error"))
+            elif head.get("op") == "enter_error":  # a container's root (``jailside/container.py``): whose, it says
+                result["enter_error"] = str(head.get("error"))
+                result["enter_node"] = head.get("node") is True
+            elif head.get("op") == "fetched":
+                # The program's own status, as the process that ran nothing of it saw it end, and its files.
+                result.update(exit_code=head.get("exit_code"), signal=head.get("signal"), fetched=(head, files))
+        elif "fetch" in header:
+            result["fetched"] = None  # the sandbox ended before the files could be read
+        if "fetch" in header:
+            result["fetch_paths"] = header["fetch"]
+        return result

@@ -20,7 +20,7 @@ from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError, Session
 from sandboxd.runners.base import ProgramFailure, StepLimits, StepOutcome
 from sandboxd.runners.cgroups import CgroupGroup, Counters
 from sandboxd.runners.jail.config import JailConfig
-from sandboxd.runners.jail.exchange import Executor, Output, run_step
+from sandboxd.runners.jail.exchange import Executor, Output, StepRequest, run_step
 from sandboxd.runners.jail.jail import Jail
 from sandboxd.runners.jail.jailside import wire
 from sandboxd.runners.jail.models import ExecutionObservation
@@ -167,7 +167,7 @@ class Executions:
 
         self._running += 1
         try:
-            return await run_step(executor, header, body, timeout_s, cap, kill_at, session, grace, account)
+            return await run_step(executor, StepRequest(header, body, timeout_s, cap, kill_at, session, grace, account))
         finally:
             self._running -= 1
 
