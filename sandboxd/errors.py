@@ -22,6 +22,7 @@
         ├── Saturated            429     admission queue or a runner's session cap full; Retry-After
         ├── DeadlineExceeded     504     the step waited in the queue past its deadline
         ├── SandboxSetupError    503     a jail or its cgroup could not be made
+        ├── Starting             503     the step's kind is still starting on its worker (slow, or missing a privilege)
         ├── WorkerDied           502     the worker running the step died mid-step
         ├── SessionLost          410     the session's sandbox is gone (worker or node died, killed)
         ├── ShuttingDown         503     the node is draining
@@ -222,6 +223,12 @@ class DeadlineExceeded(InfraError):
 class SandboxSetupError(InfraError):
     status = 503
     code = "sandbox_setup_failed"
+
+
+class Starting(InfraError):
+    status = 503
+    code = "starting"
+    default_retry_after_s = 2.0
 
 
 class WorkerDied(InfraError):

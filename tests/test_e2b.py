@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -315,6 +316,52 @@ def test_keys_and_tokens_open_only_their_own() -> None:
         assert r.status_code == 401, r.text
         r = httpx.post(f"{base}/sandboxes", json={"templateID": "base"}, headers=token)
         assert r.status_code == 401, r.text
+        assert sbx.run_code("'still mine'").text == "still mine"
+    finally:
+        sbx.kill()
+
+
+def test_another_tenants_sandbox_answers_as_an_unknown_one_and_never_names_its_session(node: str) -> None:
+    """Found by a red team: tenant B naming A's sandbox with B's own key got a 502 spelling A's session id (its
+    worker, its start, its node). Every plane answers B as for a sandbox never issued, by its public id only."""
+    sbx = Sandbox.create()
+    name = sbx.sandbox_id
+    fake = name[:3] + ("a" if name[3] != "a" else "b") + name[4:]  # same shape, never issued
+    try:
+        for sandbox_id in (name, fake):
+            headers = {"X-API-Key": KEY_B, "E2b-Sandbox-Id": sandbox_id}
+            calls = [
+                httpx.post(f"{node}/execute", json={"code": "1"}, headers=headers, timeout=30),
+                httpx.get(f"{node}/health", headers=headers, timeout=30),
+                httpx.get(f"{node}/sandboxes/{sandbox_id}", headers={"X-API-Key": KEY_B}, timeout=30),
+                httpx.post(
+                    f"{node}/process.Process/List",
+                    content=b"{}",
+                    headers={**headers, "content-type": "application/json", "connect-protocol-version": "1"},
+                    timeout=30,
+                ),
+            ]
+            for r in calls:  # E2B's shapes: 404 on the control plane, 502 on the data plane, Connect's unavailable
+                assert r.status_code in (404, 502, 503), (sandbox_id, r.status_code, r.text)
+                assert "s_" not in r.text and "~" not in r.text and ".vm" not in r.text, r.text
+        # The same answers, whichever of the two it was (the id aside).
+        connect = {"content-type": "application/json", "connect-protocol-version": "1"}
+        for method, path, extra in (
+            ("POST", "/execute", {"json": {"code": "1"}}),
+            ("GET", "/health", {}),
+            ("POST", "/process.Process/List", {"content": b"{}"}),
+        ):
+            kw: dict[str, Any] = {**extra, "timeout": 30}
+            a = httpx.request(
+                method, f"{node}{path}", headers={"X-API-Key": KEY_B, "E2b-Sandbox-Id": name, **connect}, **kw
+            )
+            b = httpx.request(
+                method, f"{node}{path}", headers={"X-API-Key": KEY_B, "E2b-Sandbox-Id": fake, **connect}, **kw
+            )
+            assert (a.status_code, a.text.replace(name, "ID")) == (b.status_code, b.text.replace(fake, "ID")), (
+                a.text,
+                b.text,
+            )
         assert sbx.run_code("'still mine'").text == "still mine"
     finally:
         sbx.kill()

@@ -187,6 +187,8 @@ class NodeCore:
         self._topology_changed()
 
     def _worker_event(self, index: int, header: Header) -> None:
+        if header.get("op") == "kind_ready" and self.workers is not None:
+            self.workers.refresh(index)
         if header.get("op") == "ended":
             entry = self.ledger.remove(str(header["session_id"]))
             if entry is not None and self.cluster is not None and not header.get("lost"):
@@ -458,6 +460,14 @@ class NodeCore:
             "inflight": await self.inflight(),
             "restarts": self.workers.restarts,
         }
+        starting = [
+            f"worker {w.index}: {kind}: {r['starting']}"
+            for w in procs
+            for kind, r in (w.health.get("runners") or {}).items()
+            if r.get("starting")
+        ]
+        if starting:  # what a node not ready yet is waiting for, by kind (a slow start, or a missing privilege)
+            body["starting"] = starting
         if self.cluster is not None:  # a node without Redis still serves one-shots: ready, but say so
             reg = self.cluster.registry
             cluster: dict[str, Any] = {

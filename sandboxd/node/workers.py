@@ -176,6 +176,18 @@ class Workers:
                     log.error("worker %d restart %d failed: %s", w.index, attempt + 1, exc)
                     await asyncio.sleep(delay)
 
+    def refresh(self, index: int) -> None:
+        """Read a worker's health now (it said a kind has started: the node is ready sooner than its next ping)."""
+        w = self.procs[index]
+
+        async def ping() -> None:
+            with contextlib.suppress(SandboxdError, TimeoutError):
+                w.health = await asyncio.wait_for(w.ping(), self.settings.worker_ping_timeout_s)
+
+        task = asyncio.get_running_loop().create_task(ping())
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+
     async def _ping(self, w: WorkerProc) -> None:
         while not self.stopping:
             await asyncio.sleep(self.settings.worker_ping_interval_s)

@@ -20,11 +20,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxd.errors import BadRequest, SandboxdError, Saturated
+from sandboxd.runners.starvation import Density
 
 
 class SlotLender(Protocol):
@@ -101,6 +102,8 @@ class RunnerContext:
     worker_index: int
     images_dir: Path | None = None  # the node's image store (``sandboxd/images``), for kinds that run images
     image_uid_base: int = 0  # where the store's owners are on the host (``images.unpack.IdRange``)
+    # The worker's density, shared by all its kinds: what a step's wall cap allows for (``starvation.py``).
+    density: Density = field(default_factory=Density)
 
     def of_kind(self, kind: str) -> RunnerContext:
         """The context of ``kind``'s runner in this worker: everything it names is its own."""
@@ -142,6 +145,20 @@ class RunnerConfig(BaseModel):
     def session_reservation(self) -> Reservation:
         """What one session may take at its limits beyond the pool's, reserved while it lives."""
         return Reservation()
+
+    def cores_at_once(self) -> float:
+        """The cores' worth of sandboxes one instance runs at once by its slots (its quota each): its share of
+        its worker's density (``starvation.Density``); none for a kind that runs in the worker itself."""
+        return 0.0
+
+    START_TIMEOUTS: ClassVar[tuple[str, ...]] = ()  # the fields that bound how long its start may take
+
+    def patient(self, factor: float) -> Self:
+        """This config with its start timeouts (``START_TIMEOUTS``) ``factor`` times longer: a worker's later
+        attempt to start a kind that timed out on a loaded machine waits longer each time."""
+        if factor == 1 or not self.START_TIMEOUTS:
+            return self
+        return self.model_copy(update={f: getattr(self, f) * factor for f in self.START_TIMEOUTS})
 
 
 class Runner(Protocol):

@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from sandboxd.errors import SandboxSetupError
 
@@ -51,6 +52,17 @@ class Counters:
     # v2: forks refused by an ancestor's limit (the node's group, its pod's), summed over the ancestors'
     # ``pids.events``. From kernel 6.12 a refusal is counted where the limit is, not in the forking group.
     pids_refused_above: int = 0
+
+
+def memory_kill(before: Counters, after: Counters) -> Literal["own", "node"] | None:
+    """Whose memory limit an OOM kill between two readings of a sandbox's group was, the one rule every kind
+    asks (a jailed execution or session, an SQL engine): ``own`` when its own limit was reached (the
+    program's verdict, ``program_killed``), ``node`` when it was not (the node's or its pod's memory ran
+    out: ``node_pressure``, never the program's), None when nothing was killed. The kernel counts an OOM kill
+    in the victim's group whichever limit was reached, so the group's own limit's hits tell which."""
+    if after.oom_kills <= before.oom_kills:
+        return None
+    return "own" if after.memory_limit_hits > before.memory_limit_hits else "node"
 
 
 def _parse_kv(text: bytes) -> dict[str, int]:

@@ -23,18 +23,95 @@ Where a runner cannot count its sandbox's waits (a browser's renderers are Chrom
 session, and its pages are the operator's, not the program's), ``CpuPressure`` reads the kernel's
 pressure stall counter (``/proc/pressure/cpu``: time some runnable task waited for a CPU) across an
 action instead.
+
+One rule for every kind (``decide`` and ``wall_cap_s``): a jailed kind's executions and session cells, an
+SQL statement (its engine keeps the account itself) and a browser action all ask the same two functions,
+with the same inputs meaning the same thing: the limit, the wall time so far, the time the sandbox was
+kept off the CPU (read as each kind can), and the wall cap, which depends on the worker's density alone
+(``Density``: the cores' worth of sandboxes its kinds may run at once, or run now), never on which kind
+asks. The same loop under the same load is then one class whichever kind ran it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Literal
 
 STARVED_MIN_S = 0.02  # own time this close to the limit is the limit (scheduling noise, clock reads)
 MAX_TASKS = 4096  # threads read per check: a sandbox holds at most its pids limit of them
 RATE_FLOOR = 0.02  # an own-time rate below this (a step all but stopped): wait for the cap, not 50x more
 OVERSHOOT_S = 0.5  # how far past its limit a step's own time may run between two checks
+
+
+WALL_FLOOR = 2.0  # a step's wall cap is at least this many times its limit
+DENSITY_MARGIN = 1.5  # and one and a half times the cores' worth of sandboxes its worker runs at once
+
+
+def wall_cap_s(limit_s: float, cores_at_once: float, patience_s: float = math.inf) -> float:
+    """How long on the wall a step may take before time others kept from it is the node's failure: its limit
+    times the worker's density (``DENSITY_MARGIN`` x the cores its sandboxes may run at once, at least
+    ``WALL_FLOOR``), never past the caller's patience. A program on a worker as full as its slots (or its
+    sessions) allow is still timed out as its own; kept off the CPU past this, it was the node's load."""
+    return min(limit_s * max(WALL_FLOOR, DENSITY_MARGIN * cores_at_once), patience_s)
+
+
+class Density:
+    """One worker's density, shared by all its runners (``RunnerContext.density``): the cores' worth of
+    sandboxes its kinds may run at once by their slots (``configured``, set by the worker at start), and of
+    those running now, every kind counted (session cells are not bounded by slots)."""
+
+    def __init__(self, configured: float = 0.0) -> None:
+        self.configured = configured
+        self.running = 0.0
+
+    def cores_at_once(self) -> float:
+        return max(self.configured, self.running)
+
+    @contextlib.contextmanager
+    def step(self, cores: float) -> Iterator[None]:
+        """A step running for its duration, ``cores`` its quota."""
+        self.running += cores
+        try:
+            yield
+        finally:
+            self.running -= cores
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a step's time says at a check: ``timeout`` (its own time is up: the program's), ``starved`` (the
+    wall cap came first: the node's), or ``more`` (kept off the CPU: ``more_s`` more wall seconds)."""
+
+    outcome: Literal["timeout", "starved", "more"]
+    own_s: float
+    more_s: float = 0.0
+
+
+def decide(limit_s: float, elapsed_s: float, kept_s: float, cap_s: float, rate: float = 1.0) -> Decision:
+    """The one rule: a step's own time is its wall time less what it was kept off the CPU (``kept_s``); when
+    that reaches its limit it is the program's timeout, however long it took on the wall; when the wall cap
+    comes first it was starved. ``rate``: its own time per wall second lately (how fast the rest will pass)."""
+    own = elapsed_s - max(0.0, kept_s)
+    left = limit_s - own
+    if left < STARVED_MIN_S:
+        return Decision("timeout", own)
+    room = cap_s - elapsed_s
+    if room < STARVED_MIN_S:
+        return Decision("starved", own)
+    # Own time grows at most as fast as the wall: waiting ``left + OVERSHOOT_S`` at most, the step never runs
+    # more than OVERSHOOT_S past its limit when its neighbours leave and it gets the CPU back.
+    return Decision("more", own, min(room, left / rate if rate > RATE_FLOOR else room, left + OVERSHOOT_S))
+
+
+def ended_late(limit_s: float, elapsed_s: float, kept_s: float) -> bool:
+    """A step whose end was seen past its deadline (the loop that keeps it was late, or its last extension
+    ran out as it ended): past its own time at its end, it is the program's timeout, not a success."""
+    return elapsed_s - max(0.0, kept_s) > limit_s + STARVED_MIN_S
 
 
 def usable_cores(cores: float) -> float:
@@ -79,13 +156,13 @@ class Starvation:
         usage_s: Callable[[], float],
         cores: float,
         wall_cap_s: float,
-        fresh: bool,
         cap_now: Callable[[], float] | None = None,
     ) -> None:
         """``usage_s``: the sandbox group's CPU seconds so far; ``cores``: what it may use (``usable_cores``);
-        ``fresh``: a process made for this step (a one-shot's executor), whose threads' waits so far are its
-        set-up's, a few ms at most: counted from 0, which saves reading them on every step; ``cap_now``: the wall
-        cap the node's density allows at a check (the cap only grows: the densest moment a step saw counts)."""
+        ``cap_now``: the wall cap the worker's density allows at a check (the cap only grows: the densest
+        moment a step saw counts). The threads' waits are read now, as the request goes out: a one-shot's
+        executor was prepared before (on a busy machine its set-up waited hundreds of ms), and what it waited
+        then is not time this step was kept from."""
         self.pid = pid
         self.limit_s = limit_s
         self.cores = cores
@@ -94,7 +171,7 @@ class Starvation:
         self._usage = usage_s
         self._t0 = time.monotonic()
         self._usage0 = usage_s()
-        self._waits0 = {} if fresh else tree_waits_s(pid)
+        self._waits0 = tree_waits_s(pid)
         self._last = (0.0, 0.0)  # (wall, own) at the last check
         self.kept_s = 0.0  # time it was kept off the CPU, as of the last check
         self.starved = False
@@ -107,22 +184,20 @@ class Starvation:
         waits = tree_waits_s(self.pid) if deficit >= STARVED_MIN_S else {}
         longest = max((w - self._waits0.get(tid, 0.0) for tid, w in waits.items()), default=0.0)
         self.kept_s = max(0.0, min(longest, deficit))
-        own = elapsed - self.kept_s
-        left = self.limit_s - own
-        if left < STARVED_MIN_S:
-            return 0.0
         if self._cap_now is not None:
             self.wall_cap_s = max(self.wall_cap_s, self._cap_now())
-        room = self.wall_cap_s - elapsed
-        if room < STARVED_MIN_S:
-            self.starved = True
-            return 0.0
         wall0, own0 = self._last
-        self._last = (elapsed, own)
+        own = elapsed - self.kept_s
         rate = (own - own0) / (elapsed - wall0) if elapsed > wall0 else 1.0
-        # Own time grows at most as fast as the wall: waiting ``left + OVERSHOOT_S`` at most, the step never runs
-        # more than OVERSHOOT_S past its limit when its neighbours leave and it gets the CPU back.
-        return min(room, left / rate if rate > RATE_FLOOR else room, left + OVERSHOOT_S)
+        d = decide(self.limit_s, elapsed, self.kept_s, self.wall_cap_s, rate)
+        self._last = (elapsed, own)
+        self.starved = d.outcome == "starved"
+        return d.more_s
+
+    def ended_late(self, elapsed_s: float) -> bool:
+        """The step ended ``elapsed_s`` after it began, past its deadline: past its own time then
+        (``ended_late``, with the time it was kept from as last read: the process is gone)?"""
+        return ended_late(self.limit_s, elapsed_s, self.kept_s)
 
 
 class CpuPressure:

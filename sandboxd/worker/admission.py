@@ -78,6 +78,11 @@ class Admission:
         for kind in self.kinds:
             self._publish(kind)
 
+    def add(self, kind: str, capacity: int, queue_max: int, burst: int = 0) -> None:
+        """A kind admitted from now on (its runner has started: until then the board shows it no slot)."""
+        self.kinds[kind] = _Kind(capacity, queue_max, burst, free=capacity)
+        self._publish(kind)
+
     def _publish(self, kind: str) -> None:
         if self.board is not None:
             k = self.kinds[kind]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -39,6 +40,7 @@ from sandboxd.errors import (
     SessionClosed,
     SessionExpired,
     SessionLost,
+    Starting,
     UnknownRunner,
 )
 from sandboxd.ids import tenant_of_key
@@ -71,6 +73,7 @@ from sandboxd.runners.base import (
 )
 from sandboxd.worker.admission import Admission
 from sandboxd.worker.sessions import SessionRecord, SessionTable
+from sandboxd.worker.starting import START_PATIENCE_MAX, START_RETRY_S, start_failure
 
 log = logging.getLogger("sandboxd.worker")
 
@@ -104,7 +107,10 @@ class Worker:
         registry = kinds()
         self.all_kinds = {k: registry[k] for k in settings.runners}
         self.kinds = {k.name: k for k in hosted_kinds(settings, index)}
-        self.runners: dict[str, Runner] = {}
+        self.runners: dict[str, Runner] = {}  # the kinds running (started), the only ones admitted
+        self._instances: dict[str, Runner] = {}  # every hosted kind's runner, running or starting
+        self.pending: dict[str, str] = {}  # kinds still starting, and why (their health says so)
+        self._starting: list[asyncio.Task[None]] = []
         self.board = board
         self.admission: Admission | None = None
         self.sessions = SessionTable()
@@ -117,36 +123,84 @@ class Worker:
         self._ops = self._handlers()
 
     async def start(self) -> None:
-        for name, kind in self.kinds.items():
-            runner = kind.runner_class()(self.settings.runner_config(name), self.ctx.of_kind(name))
-            if missing := kind.capabilities.missing_from(runner):
-                raise TypeError(f"runner kind {name!r} declares capabilities its runner lacks: {', '.join(missing)}")
-            self.runners[name] = runner
+        """The runners made and admitted at their capacity; each kind starts in the background (``_start_kind``):
+        the worker listens at once, and a kind that is slow to start (a loaded machine) or cannot start yet (a
+        missing privilege) is said in its health, retried, and refused meanwhile (503 ``starting``), never the
+        worker's exit."""
+        # The worker's density, the one every kind's wall cap reads (``starvation.wall_cap_s``): what the
+        # kinds it hosts may run at once by their slots.
+        self.ctx.density.configured = sum(self.settings.runner_config(k).cores_at_once() for k in self.kinds)
+        for name in self.kinds:
+            self._instances[name] = self._make_runner(name)
+            self.pending[name] = "starting"
         # Kinds whose steps may spread over more slots (``runners.base.SlotLender``): only they get a lender.
         self._borrowers = {name for name, kind in self.kinds.items() if kind.capabilities.borrows_slots}
-        await asyncio.gather(*(r.start() for r in self.runners.values()))
-        capacity = {k: r.capacity() for k, r in self.runners.items()}
-        # The node's queue, shared out over the workers that host each kind (the node updates the shares when a
-        # worker dies or comes back: the others then take its part).
-        q = self.settings.queue_max
-        queue_max = {k: max(1, math.ceil(q / len(self.settings.hosting(k)))) if q else 0 for k in capacity}
-        burst = {
-            k: cast(BurstingRunner, r).burst_capacity() if self.kinds[k].capabilities.burst else 0
-            for k, r in self.runners.items()
-        }
         weights = {tenant_of_key(key): w for key, w in self.settings.tenant_weights.items()}
-        self.admission = Admission(self.index, capacity, queue_max, self.board, burst, weights)
+        self.admission = Admission(self.index, {}, {}, self.board, {}, weights)
         self._reaper = asyncio.create_task(self._reap_loop())
+        self._starting = [asyncio.create_task(self._start_kind(name)) for name in self.kinds]
+
+    def _make_runner(self, name: str, attempt: int = 1) -> Runner:
+        kind = self.kinds[name]
+        cfg = self.settings.runner_config(name).patient(min(2 ** (attempt - 1), START_PATIENCE_MAX))
+        runner = kind.runner_class()(cfg, self.ctx.of_kind(name))
+        if missing := kind.capabilities.missing_from(runner):
+            raise TypeError(f"runner kind {name!r} declares capabilities its runner lacks: {', '.join(missing)}")
+        return runner
+
+    async def _start_kind(self, name: str) -> None:
+        """Start one kind, again after each failure (its half-started state closed, a fresh instance), until it
+        runs: what is slow now (a machine at load 38 timed the SQL fork server out) starts later; what is
+        missing (a read-only cgroup tree) is said on every attempt and retried, since an operator can fix it
+        under a running node. Admitted once it runs."""
+        for attempt in itertools.count(1):
+            runner = self._instances[name]
+            try:
+                await runner.start()
+            except Exception as exc:
+                why = start_failure(exc)
+                self.pending[name] = f"attempt {attempt} failed: {why}"
+                log.error(
+                    "worker %d: runner %s did not start (attempt %d): %s; retrying", self.index, name, attempt, why
+                )
+                with contextlib.suppress(Exception):
+                    await runner.close()
+                await asyncio.sleep(START_RETRY_S[min(attempt, len(START_RETRY_S)) - 1])
+                self._instances[name] = self._make_runner(name, attempt + 1)
+                continue
+            break
+        self.runners[name] = runner
+        assert self.admission is not None
+        q = self.settings.queue_max
+        queue_max = max(1, math.ceil(q / len(self.settings.hosting(name)))) if q else 0
+        burst = cast(BurstingRunner, runner).burst_capacity() if self.kinds[name].capabilities.burst else 0
+        self.admission.add(name, runner.capacity(), queue_max, burst)
+        del self.pending[name]
+        self._tell_node("kind_ready", kind=name)  # the node reads its health now, not at its next ping
+        if attempt > 1:
+            log.info("worker %d: runner %s started (attempt %d)", self.index, name, attempt)
+
+    def ready_kind(self, name: str) -> Runner:
+        """The kind's running runner, or why not: it is still starting (503, retry)."""
+        run = self.runners.get(name)
+        if run is None:
+            why = self.pending.get(name)
+            if why is None:  # a front sent a kind this worker does not host: a bug of ours, said as one
+                raise InfraError(f"worker {self.index} does not host runner {name!r}")
+            raise Starting(f"runner {name!r} of worker {self.index} is still starting ({why})")
+        return run
 
     def capacity(self) -> dict[str, int]:
-        return {k: r.capacity() for k, r in self.runners.items()}
+        return {k: r.capacity() for k, r in self._instances.items()}
 
     async def close(self) -> None:
+        for task in self._starting:
+            task.cancel()
         if self._reaper is not None:
             self._reaper.cancel()
         if self.admission is not None:
             self.admission.close()
-        await asyncio.gather(*(r.close() for r in self.runners.values()), return_exceptions=True)
+        await asyncio.gather(*(r.close() for r in self._instances.values()), return_exceptions=True)
         if self.board is not None:
             self.board.clear(self.index)
 
@@ -218,6 +272,8 @@ class Worker:
 
     async def ping(self) -> Header:
         runners = {k: await r.health() for k, r in self.runners.items()}
+        for k, why in self.pending.items():
+            runners[k] = {"ready": False, "starting": why, "capacity": self._instances[k].capacity()}
         queue = {k: self.admission.queue_depth(k) for k in self.runners} if self.admission else {}
         inflight = {k: self.admission.inflight(k) for k in self.runners} if self.admission else {}
         return {"pid": os.getpid(), "runners": runners, "queue": queue, "inflight": inflight}
@@ -285,10 +341,8 @@ class Worker:
             priority = None
             if self.settings.scheduling == "oldest_rollout":
                 priority = self.rollouts.priority(h["tenant"], req.rollout_id, t0)
-            run = self.runners.get(runner)
+            run = self.ready_kind(runner)
             assert self.admission is not None
-            if run is None:  # a front sent a kind this worker does not host: a bug of ours, said as one
-                raise InfraError(f"worker {self.index} does not host runner {runner!r}")
             async with self.admission.slot(runner, deadline, priority, h["tenant"]):
                 if runner not in self._borrowers:
                     outcome = await run.step(action, None, limits)
@@ -378,9 +432,7 @@ class Worker:
     async def open_session(self, h: OpenCall) -> dict[str, object]:
         """A new session (the node placed it here, within the tenant's quota)."""
         runner, sid = h["runner"], h["session_id"]
-        run = self.runners.get(runner)
-        if run is None:
-            raise InfraError(f"worker {self.index} does not host runner {runner!r}")
+        run = self.ready_kind(runner)
         await run.open_session(sid, h.get("options") or {})
         rec = SessionRecord(
             sid,

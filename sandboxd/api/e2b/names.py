@@ -66,10 +66,16 @@ def session_named(gateway: Gateway, name: str) -> str:
     return session_id
 
 
+SESSION_IN_TEXT = re.compile(r"s_[a-z2-7]{1,40}~\d{1,4}~[0-9a-f]{0,16}\.[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
+
+
 def public_message(message: str, session_id: str | None) -> str:
-    """An error's message as the SDK's caller should read it: the sandbox (or context) by its E2B id, not by the
-    session id inside (which names the node)."""
-    return message.replace(session_id, sandbox_name(session_id)) if session_id else message
+    """An error's message as the SDK's caller should read it: every sandbox (or context) by its E2B id, never by
+    a session id inside (which names its worker, its start and its node), whichever layer wrote the message
+    and whether or not it said which session it was about."""
+    if session_id:
+        message = message.replace(session_id, sandbox_name(session_id))
+    return SESSION_IN_TEXT.sub(lambda m: sandbox_name(m.group(0)), message)
 
 
 def known_nodes(gateway: Gateway) -> list[str]:

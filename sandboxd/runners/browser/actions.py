@@ -16,7 +16,7 @@ from playwright.async_api import Page
 from sandboxd.runners.browser import models as m
 from sandboxd.runners.browser.config import BrowserRunnerConfig
 from sandboxd.runners.browser.sites import Sites
-from sandboxd.runners.starvation import CONTENDED_SHARE
+from sandboxd.runners.starvation import CONTENDED_SHARE, decide
 
 STARVED_CHECK_S = 2.0  # after a timeout under contention: how long to look for what the action waited for
 
@@ -100,14 +100,24 @@ def cut(max_bytes: int, text: str) -> str:
     return data[:max_bytes].decode(errors="ignore") + "\n[truncated]"
 
 
-async def starved_reason(page: Page, act: Any, elapsed_s: float, stalled: float) -> str:
-    """Why a timed-out action was the node's doing, not the program's ("" when it was not): the machine's
-    CPUs were contended for a good share of it and what it waited for is there now (no selector, or one
-    that matches). Every session shares one browser, and another tenant's forks or trajectories can keep
-    its renderers off the CPU past a 500 ms action limit. Such an action gets its time again, once
-    (the runner's ``_act``); starved twice, its timeout is reported with this reason. A selector that matches
-    nothing is the program's miss, however busy the node was."""
-    if elapsed_s <= 0 or stalled < CONTENDED_SHARE * elapsed_s:
+def kept_s(elapsed_s: float, stalled: float) -> float:
+    """The time an action was kept off the CPU, as a browser can read it: the machine's CPU stall over it
+    (PSI, every task's, not the page's alone: ``starvation.CpuPressure``), counted only when the CPUs were
+    contended for at least ``CONTENDED_SHARE`` of it (below that it reads other tasks' waits, not the page's).
+    Not bounded by its group's quota as a jailed sandbox's is: every trajectory of the browser (other tenants'
+    too) shares that one group, so a page kept off by another trajectory is kept off by another sandbox."""
+    return stalled if elapsed_s > 0 and stalled >= CONTENDED_SHARE * elapsed_s else 0.0
+
+
+async def starved_reason(page: Page, act: Any, limit_s: float, elapsed_s: float, stalled: float, cap_s: float) -> str:
+    """Why a timed-out action was the node's doing, not the program's ("" when it was not): by the rule every
+    kind shares (``starvation.decide``), its own time (its wall less the time it was kept off the CPU,
+    ``kept_s``) had not reached its limit, and what it waited for is there now (no selector, or one that
+    matches). Every session shares one browser, and another tenant's forks or trajectories can keep its
+    renderers off the CPU past a 500 ms action limit. Such an action gets its time again, once (the runner's
+    ``_act``); starved twice, its timeout is reported with this reason. A selector that matches nothing is
+    the program's miss, however busy the node was."""
+    if decide(limit_s, elapsed_s, kept_s(elapsed_s, stalled), cap_s).outcome == "timeout":
         return ""
     selector = getattr(act, "selector", None)
     if selector:

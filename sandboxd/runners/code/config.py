@@ -6,10 +6,10 @@ from __future__ import annotations
 from pydantic import Field
 
 from sandboxd.runners.base import Reservation
-from sandboxd.runners.jail.config import SLOT_HEADROOM_BYTES, SLOT_OVERHEAD_PIDS, JailConfig
+from sandboxd.runners.jail.config import SLOT_HEADROOM_BYTES, SLOT_OVERHEAD_PIDS, EnvironmentsConfig
 
 
-class CodeRunnerConfig(JailConfig):
+class CodeRunnerConfig(EnvironmentsConfig):
     """Compiled and interpreted languages in the jail core's warm jails (one-shot steps only)."""
 
     slots_per_worker: int = Field(
@@ -22,9 +22,6 @@ class CodeRunnerConfig(JailConfig):
         256, ge=16, description="The private /tmp of each compilation or run (compilers' temporaries go there)."
     )
     max_fetch_bytes: int = Field(64 << 20, ge=1 << 20, description="Largest artifact a compilation may leave.")
-    preload: dict[str, list[str]] = Field(
-        default_factory=dict, description="Unused here (no python templates in this kind's jails)."
-    )
     languages: list[str] = Field(
         default_factory=list,
         description="Languages offered (of c, cpp, java, go, rust, javascript, bash, pytest); empty = every one "

@@ -76,7 +76,7 @@ class CodeRunner:
     def __init__(self, cfg: CodeRunnerConfig, ctx: RunnerContext) -> None:
         self.cfg = cfg
         self.name = ctx.name
-        self.execs = Executions("code", cfg)
+        self.execs = Executions("code", cfg, density=ctx.density)
         self.stats = self.execs.stats
         self.stats.update(compiles=0, compile_cache_hits=0, compile_errors=0, cases_run=0, cases_parallel_lanes=0)
         self.pool = SlotPool(cfg, ctx.runtime_dir / ctx.name, self.execs)

@@ -26,17 +26,6 @@ class ContainerRunnerConfig(JailConfig):
         description="The writable layer of each sandbox (what it writes over the image, /tmp included): a tmpfs "
         "of this size, its pages charged to the sandbox's memory.",
     )
-    # The python jail's settings this kind inherits and has no use for: its programs are the image's.
-    preload: dict[str, list[str]] = Field(
-        default_factory=dict, description="Unused here (no python templates in this kind's jails)."
-    )
-    default_environment: str = Field(
-        "default",
-        pattern=r"^([a-z][a-z0-9_-]{0,31})?$",
-        description="Unused here: a container's python is its image's (python cells run the image's python3).",
-    )
-    warm_templates: bool = Field(True, description="Unused here (no python templates in this kind's jails).")
-    template_mb: int = Field(192, ge=0, description="Unused here (no python templates in this kind's jails).")
     max_sessions_per_worker: int = Field(64, ge=1, description="Live container sessions per worker; more is a 429.")
 
     def pool_reservation(self) -> Reservation:

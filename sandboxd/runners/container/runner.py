@@ -68,7 +68,7 @@ class ContainerRunner:
             raise SandboxSetupError("the container runner needs the node's image store (SANDBOXD_IMAGES_DIR)")
         self.ids = IdRange(ctx.image_uid_base)
         self.store = ImageStore(ctx.images_dir, Limits(1, 1), self.ids)  # read only here: no limits apply
-        self.execs = Executions("container", cfg, ContainerObservation)
+        self.execs = Executions("container", cfg, ContainerObservation, ctx.density)
         self.stats = self.execs.stats
         runtime = ctx.runtime_dir / ctx.name
         self.pool = SlotPool(cfg, runtime, self.execs, mode="container", shape=self.shape)

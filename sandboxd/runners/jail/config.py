@@ -1,14 +1,17 @@
 """The jail core's settings, shared by every jailed kind: its one-shot slots, one sandbox's limits, the jail's
-interpreter and environments, nsjail and cgroups. A kind's config extends it (``PythonRunnerConfig`` adds
-sessions, ``CodeRunnerConfig`` compilation), so each kind's section of the settings has them all."""
+interpreter (the harness's), the read-only mounts a kind needs, nsjail and cgroups. Every field means something
+for every jailed kind. A kind's config extends it with its own (``EnvironmentsConfig``: python environments
+served read-only in the jails; ``PythonRunnerConfig`` their templates and sessions, ``CodeRunnerConfig``
+compilation, ``ContainerRunnerConfig`` images), and the core asks only through its hooks
+(``environments_root``, ``preloads``, ``templates``)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from sandboxd.runners.base import Reservation, RunnerConfig
 
@@ -33,6 +36,16 @@ def world_traversable(path: Path) -> bool:
 
 class JailConfig(RunnerConfig):
     """A jailed kind's settings."""
+
+    START_TIMEOUTS: ClassVar[tuple[str, ...]] = ("jail_start_timeout_s",)
+
+    @field_validator("ro_mounts")
+    @classmethod
+    def _absolute(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if not path.startswith("/") or "\0" in path or any(part == ".." for part in path.split("/")):
+                raise ValueError(f"{path!r} is not an absolute path without '..'")
+        return paths
 
     max_action_bytes: int = Field(
         64 << 20, ge=64, description="Largest action of one step, as JSON (code, stdin and files together)."
@@ -63,11 +76,12 @@ class JailConfig(RunnerConfig):
         le=100.0,
         description="A step is timed on its own time: wall time less the time other sandboxes kept it off the "
         "CPU it may use. It ends as the program's timeout when that reaches its limit, and runs at most this many "
-        "times its limit on the wall; kept off the CPU past that, it is 503 node_pressure (infra). 0 = one and a "
-        "half times the cores a worker's sandboxes may run at once ((slots_per_worker + burst_slots_per_worker) "
-        "x cpu_cores; workers are one per vCPU), at least 2, or, when more run (session cells are not bounded by "
-        "slots), one and a half times the cores of those running when the limit is reached: a program looping on "
-        "a node full of its own tenant's programs is timed out as its own.",
+        "times its limit on the wall; kept off the CPU past that, it is 503 node_pressure (infra). 0 = the rule "
+        "every kind shares: one and a half times the cores a worker's sandboxes of every kind may run at once "
+        "(each kind's slots x its cpu_cores, summed; workers are one per vCPU), at least 2, or, when more run "
+        "(session cells are not bounded by slots), one and a half times the cores of those running when the "
+        "limit is reached: a program looping on a node full of its own tenant's programs is timed out as its "
+        "own, whichever kind ran it.",
     )
     tmpfs_mb: int = Field(
         64, ge=1, description="Size of the private writable /tmp (the workdir) of each execution or session."
@@ -93,38 +107,10 @@ class JailConfig(RunnerConfig):
     interrupt_grace_s: float = Field(
         1.0, ge=0.0, description="Session step past its timeout: SIGINT first, SIGKILL this long after."
     )
-    environments_dir: str = Field(
-        "/usr/local/lib/sandboxd/envs",
-        description="Where Python environments are built (`sandboxd env build`), read-only in every jail: under "
-        "/usr they are in the jail's /usr already (no mount per execution), elsewhere each is bound in.",
-    )
-    default_environment: str = Field(
-        "default",
-        pattern=r"^([a-z][a-z0-9_-]{0,31})?$",
-        description="The environment of a step that names none (`action.env`); empty = the standard library only. "
-        "scripts/setup.sh builds `default` (numpy, pandas, scipy, sympy, networkx, scikit-learn, matplotlib, "
-        "sortedcontainers, pytest, requests, beautifulsoup4).",
-    )
-    preload: dict[str, list[str]] = Field(
-        default_factory=lambda: {"default": ["numpy", "pandas", "scipy", "sympy", "networkx", "matplotlib.pyplot"]},
-        description="Modules imported ahead, per environment, by a template process in each one-shot jail; a step "
-        "whose code imports one of them is forked from that template, so the import costs it nothing. The "
-        "default environment's template starts with its jail (warm_templates); the others with the first step of "
-        "their jail that imports one (that step, and the others until it is ready, import for themselves).",
-    )
-    warm_templates: bool = Field(
-        True,
-        description="Start the default environment's template in every one-shot jail before the worker reports "
-        "ready (~1.3 s of CPU each, all slots at once), so that a node's first steps that import its preloads "
-        "are warm; False starts each with the first such step of its jail (that step, and the others until it is "
-        "ready, import for themselves).",
-    )
-    template_mb: int = Field(
-        192,
-        ge=0,
-        description="The memory cap of a preloaded environment's template in each one-shot jail (a cgroup of its "
-        "own beside the slot's, so a program keeps exactly its `memory_mb`), counted in the node's budget; "
-        "0 = no templates (every import is paid by its program).",
+    ro_mounts: list[str] = Field(
+        default_factory=list,
+        description="Host directories this kind's programs need, bound read-only into its jails at the same path "
+        "(a toolchain outside /usr, a data set): absolute paths, each checked when its jails start.",
     )
     python_prefix: str = Field(
         "",
@@ -143,11 +129,8 @@ class JailConfig(RunnerConfig):
         0, description="0 = detect; 1 = legacy per-controller hierarchies; 2 = unified."
     )
 
-    def resolved_wall_factor(self) -> float:
-        """``wall_factor``, with 0 resolved from the worker's density."""
-        if self.wall_factor:
-            return self.wall_factor
-        return max(2.0, 1.5 * (self.slots_per_worker + self.burst_slots_per_worker) * self.cpu_cores)
+    def cores_at_once(self) -> float:
+        return (self.slots_per_worker + self.burst_slots_per_worker) * self.cpu_cores
 
     def resolved_prefix(self) -> str:
         """The interpreter tree the jail's uid can read.
@@ -168,16 +151,32 @@ class JailConfig(RunnerConfig):
             "run scripts/setup.sh or set SANDBOXD_PYTHON__PYTHON_PREFIX"
         )
 
-    def templates(self) -> int:
-        """How many templates a warm one-shot jail may hold: one per built environment with preloads."""
-        from sandboxd.runners.python.environments import served
+    def environments_root(self) -> str | None:
+        """Where the python environments its jails serve are (read-only in each), or None: the core serves none."""
+        return None
 
-        if not self.warm_pool or self.template_mb <= 0:
-            return 0
-        built = served(self.environments_dir)
-        return sum(1 for name, mods in self.preload.items() if mods and name in built)
+    def preloads(self, environment: str) -> list[str]:
+        """The modules a template of ``environment`` imports ahead; none in the core (no templates)."""
+        return []
+
+    def templates(self) -> int:
+        """How many templates a warm one-shot jail may hold; none in the core."""
+        return 0
 
     def templates_reservation(self) -> Reservation:
-        """The cgroup of one slot's templates (beside the slot's own)."""
-        n = self.templates()
-        return Reservation(n * (self.template_mb << 20), n * TEMPLATE_PIDS)
+        """The cgroup of one slot's templates (beside the slot's own); none in the core."""
+        return Reservation()
+
+
+class EnvironmentsConfig(JailConfig):
+    """A jailed kind whose programs are python (or use it): the environments built by ``sandboxd env build``,
+    read-only in its jails."""
+
+    environments_dir: str = Field(
+        "/usr/local/lib/sandboxd/envs",
+        description="Where Python environments are built (`sandboxd env build`), read-only in every jail: under "
+        "/usr they are in the jail's /usr already (no mount per execution), elsewhere each is bound in.",
+    )
+
+    def environments_root(self) -> str | None:
+        return self.environments_dir

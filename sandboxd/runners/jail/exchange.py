@@ -17,13 +17,14 @@ import os
 import select
 import signal
 import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxd.errors import PayloadTooLarge
 from sandboxd.runners.jail.jailside import wire
-from sandboxd.runners.starvation import Starvation
+from sandboxd.runners.starvation import STARVED_MIN_S, Starvation
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class Executor:
     exit: asyncio.Future[dict[str, Any]]
     flavor: int | None = None  # the environment whose template it was forked from (its preloads); None: lean
     users: int = 0  # steps, forks and readers working on its descriptors now (``in_use``)
+    pending: bytearray = field(default_factory=bytearray)  # a session channel's bytes read past its last frame
+    last_tag: object = None  # the tag of a session's last request
     closing: bool = False  # closed while in use: its descriptors go when the last user lets go
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -125,10 +128,16 @@ class ChannelGarbage(wire.WireError):
 
 
 async def recv_frame(
-    sock: socket.socket, max_header: int = wire.MAX_HEADER_BYTES, max_body: int = wire.MAX_BODY_BYTES
+    sock: socket.socket,
+    max_header: int = wire.MAX_HEADER_BYTES,
+    max_body: int = wire.MAX_BODY_BYTES,
+    pending: bytearray | None = None,
 ) -> tuple[dict[str, Any], bytes]:
+    """One frame. Bytes after it are garbage (the harness writes one frame per request), unless ``pending``
+    is given: what was read past one frame stays there, the start of the next read (a session's channel, where
+    a skipped frame may come with the reply behind it)."""
     loop = asyncio.get_running_loop()
-    buf = bytearray()
+    buf = pending if pending is not None else bytearray()
     while len(buf) < wire.PREFIX.size:
         chunk = await loop.sock_recv(sock, 65536)
         if not chunk:
@@ -146,15 +155,17 @@ async def recv_frame(
         if not chunk:
             raise wire.WireError("sandbox closed its channel")
         buf += chunk
-    if len(buf) > total:  # the harness writes one frame per request: more is the program writing on the channel
+    if len(buf) > total and pending is None:  # one frame per request: more is the program writing on the channel
         raise ChannelGarbage(f"{len(buf) - total} bytes after the frame")
+    frame = bytes(buf[:total])
+    del buf[:total]
     try:
-        header = json.loads(bytes(buf[wire.PREFIX.size : wire.PREFIX.size + head_len]))
+        header = json.loads(frame[wire.PREFIX.size : wire.PREFIX.size + head_len])
     except ValueError as exc:
         raise ChannelGarbage(f"unreadable frame header: {exc}") from exc
     if not isinstance(header, dict):
         raise ChannelGarbage("frame header is not an object")
-    return header, bytes(buf[wire.PREFIX.size + head_len : total])
+    return header, frame[wire.PREFIX.size + head_len :]
 
 
 async def recvmsg(sock: socket.socket, bufsize: int, ancsize: int) -> tuple[bytes, list[tuple[int, int, bytes]]]:
@@ -270,6 +281,10 @@ class _Exchange:
         self.harness: tuple[dict[str, Any], bytes] | None = None
         self.reading: asyncio.Future[tuple[dict[str, Any], bytes]] | None = None  # a one-shot's fetched files
         self.starvation: Starvation | None = None
+        self.t0 = 0.0  # when the request went out
+        # A session's last cell's tag (``_session_reply``); this cell's is the next one's.
+        self.stale_tag, ex.last_tag = ex.last_tag, req.header.get("tag")
+        self.waiter: asyncio.Future[Any] | None = None
 
     def _readable(self, fd: int) -> None:
         try:
@@ -299,30 +314,38 @@ class _Exchange:
                 self.reading = asyncio.ensure_future(
                     recv_frame(ex.sock, wire.MAX_HEADER_BYTES, req.header.get("fetch_max_bytes", 0))
                 )
+            self.t0 = time.monotonic()
             self.starvation = req.account() if req.account is not None else None
             # One-shot: the program is done when its executor (init of its pid namespace) exits, not when
             # its pipes close: a program that closes stdout and stderr and sleeps is still running.
-            waiter: asyncio.Future[Any] = ex.exit
-            if req.session:
-                waiter = asyncio.ensure_future(recv_frame(ex.sock, SESSION_REPLY_MAX_HEADER_BYTES, 0))
-            await self._until_done(waiter)
-            await self._after(waiter)
+            self.waiter = self._next_reply() if req.session else ex.exit
+            await self._until_done()
+            await self._after()
         finally:
             self._release()
         return self._result(), self.out
 
-    async def _until_done(self, waiter: asyncio.Future[Any]) -> None:
+    def _next_reply(self) -> asyncio.Future[tuple[dict[str, Any], bytes]]:
+        return asyncio.ensure_future(recv_frame(self.ex.sock, SESSION_REPLY_MAX_HEADER_BYTES, 0, self.ex.pending))
+
+    async def _until_done(self) -> None:
         """Wait for the step's end (its reply, or its executor's exit) or its deadline, kept on its own time."""
         ex, req, loop = self.ex, self.req, self.loop
-        deadline = loop.time() + req.timeout_s
+        assert self.waiter is not None
+        waiter = self.waiter
+        start = loop.time()
+        deadline = start + req.timeout_s
         interrupted = False
         while True:
             finished, _ = await asyncio.wait(
                 {waiter, ex.exit}, timeout=max(0.0, deadline - loop.time()), return_when=asyncio.FIRST_COMPLETED
             )
             if waiter in finished and (not req.session or waiter.exception() is None):
-                if req.session:
-                    self._session_reply(waiter.result()[0])
+                if req.session and self._session_reply(waiter.result()[0]):
+                    waiter = self.waiter = self._next_reply()
+                    continue
+                if not req.session and self.killed_by is None and loop.time() > deadline + STARVED_MIN_S:
+                    self._judge_late_end(deadline - start)
                 return
             if ex.exit in finished or (req.session and waiter in finished):
                 if req.session and not ex.exit.done():
@@ -350,12 +373,32 @@ class _Exchange:
             await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)
             return
 
-    def _session_reply(self, frame: dict[str, Any]) -> None:
-        """A session's reply: its own (``done``, or ``stage_error`` when the cell never ran), or a frame the
-        program wrote itself, which ends the session: not the reply to this request (an earlier cell's forgery
-        leaves the real reply behind it, answering the wrong cell)."""
+    def _judge_late_end(self, given_s: float) -> None:
+        """A one-shot that ended by itself, seen after its deadline (``given_s`` after its request: its limit,
+        or more for time it was kept from): this loop was late, or the end came after it. The zygote's word
+        says when it ended (its reap, on the same clock); past its deadline then, it is a success only if it
+        was within its own time at its end (``starvation.ended_late``), else the program's timeout."""
+        now = time.monotonic()
+        reaped = self.ex.exit.result().get("t") if self.ex.exit.done() and not self.ex.exit.exception() else None
+        end = reaped if isinstance(reaped, float) and self.t0 <= reaped <= now else now
+        elapsed = end - self.t0
+        if elapsed <= given_s + STARVED_MIN_S:
+            return  # it ended in time; this loop saw it late
+        s = self.starvation
+        if s.ended_late(elapsed) if s is not None else elapsed > self.req.timeout_s + STARVED_MIN_S:
+            self.timed_out = True
+
+    def _session_reply(self, frame: dict[str, Any]) -> bool:
+        """A session's reply: its own (``done``, or ``stage_error`` when the cell never ran); the last cell's
+        own end, come after a reply that cell forged (it can read its tag: it shares the interpreter), which
+        is skipped once (True: wait on) so that it never answers this cell; or any other frame the program
+        wrote itself, which ends the session (every later reply would answer the wrong cell)."""
         code = frame.get("exit_code")
-        ours = frame.get("tag") == self.req.header.get("tag")
+        tag = frame.get("tag")
+        if self.stale_tag is not None and tag == self.stale_tag and frame.get("op") == "done":
+            self.stale_tag = None
+            return True
+        ours = tag == self.req.header.get("tag") and not self.ex.pending  # nothing may follow its reply
         if ours and frame.get("op") == "stage_error":
             self.step_exit = frame
         elif not ours or frame.get("op") != "done" or not isinstance(code, int) or isinstance(code, bool):
@@ -363,10 +406,12 @@ class _Exchange:
             self.ex.kill()
         else:
             self.step_exit = frame
+        return False
 
-    async def _after(self, waiter: asyncio.Future[Any]) -> None:
+    async def _after(self) -> None:
         """What follows the step's end: its exit report, its output drained, a one-shot harness's last frame."""
-        ex, req = self.ex, self.req
+        ex, req, waiter = self.ex, self.req, self.waiter
+        assert waiter is not None
         if req.session and self.step_exit is None and not ex.exit.done():
             await asyncio.wait({ex.exit}, timeout=SANDBOX_READY_TIMEOUT_S)
         if not req.session:

@@ -18,13 +18,13 @@ from typing import Any, Protocol
 
 from sandboxd.errors import BadRequest, NodePressure, SandboxSetupError, SessionLost
 from sandboxd.runners.base import ProgramFailure, StepLimits, StepOutcome
-from sandboxd.runners.cgroups import CgroupGroup, Counters
+from sandboxd.runners.cgroups import CgroupGroup, Counters, memory_kill
 from sandboxd.runners.jail.config import JailConfig
 from sandboxd.runners.jail.exchange import Executor, Output, StepRequest, run_step
 from sandboxd.runners.jail.jail import Jail
 from sandboxd.runners.jail.jailside import wire
 from sandboxd.runners.jail.models import ExecutionObservation
-from sandboxd.runners.starvation import Starvation, usable_cores
+from sandboxd.runners.starvation import Density, Starvation, usable_cores, wall_cap_s
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +88,14 @@ class LiveSession(Protocol):
 class Executions:
     """A kind's executions: their request headers, their exchange, their observations and verdicts, and the
     counters every jailed kind reports (``stats``). One per runner instance; its slots (``pool.py``) and
-    sessions run through it, so the density a step's wall cap allows for counts all of them."""
+    sessions run through it, and count in the worker's density (every kind's) while they run."""
 
     def __init__(
-        self, kind: str, cfg: JailConfig, observation: type[ExecutionObservation] = ExecutionObservation
+        self,
+        kind: str,
+        cfg: JailConfig,
+        observation: type[ExecutionObservation] = ExecutionObservation,
+        density: Density | None = None,
     ) -> None:
         self.kind = kind
         self.cfg = cfg
@@ -107,8 +111,8 @@ class Executions:
             "warm_imports": 0,  # one-shots forked from an environment's template, its preloads imported
         }
         self._cores = usable_cores(cfg.cpu_cores)
-        self._wall_factor = cfg.resolved_wall_factor()
-        self._running = 0  # executions running now (one-shots and session cells): the worker's density
+        # The worker's density (``RunnerContext.density``), shared with its other kinds; the runner gives its own.
+        self.density = density if density is not None else Density()
         self._restart_locks: dict[str, asyncio.Lock] = {}
         self._leftover_cgroups: list[CgroupGroup] = []
 
@@ -143,33 +147,22 @@ class Executions:
         timeout_s = limits.timeout_s
 
         patience = float("inf")  # wall seconds from the step's start until its caller stops listening
+        density = self.density
 
-        def dense_cap() -> float:
-            # The wall cap allows for the density this worker runs at: session cells are not bounded by slots (a
-            # tenant's 30 looping sessions on 2 vCPUs each get a fifteenth of a core, and are still its own
-            # timeouts); the slots' factor is the floor (a neighbour outside the node is not the node's density).
-            return min(timeout_s * 1.5 * self._running * self.cfg.cpu_cores, patience)
+        def cap_now() -> float:
+            if self.cfg.wall_factor:  # the operator's own factor for this kind
+                return min(timeout_s * self.cfg.wall_factor, patience)
+            return wall_cap_s(timeout_s, density.cores_at_once(), patience)
 
         def account() -> Starvation:
             nonlocal patience
             if limits.answer_by is not None:  # never past the caller's own patience: the node's failure before it
                 patience = limits.answer_by - time.monotonic()
-            wall_cap_s = min(timeout_s * self._wall_factor, patience)
-            return Starvation(
-                executor.host_pid,
-                timeout_s,
-                cg.cpu_usage_s,
-                self._cores,
-                wall_cap_s,
-                not session,
-                None if self.cfg.wall_factor else dense_cap,
-            )
+            return Starvation(executor.host_pid, timeout_s, cg.cpu_usage_s, self._cores, cap_now(), cap_now)
 
-        self._running += 1
-        try:
-            return await run_step(executor, StepRequest(header, body, timeout_s, cap, kill_at, session, grace, account))
-        finally:
-            self._running -= 1
+        with density.step(self.cfg.cpu_cores):
+            request = StepRequest(header, body, timeout_s, cap, kill_at, session, grace, account)
+            return await run_step(executor, request)
 
     async def run_in(
         self, jail: Jail, cg: CgroupGroup, executor: Executor, header: dict[str, Any], body: bytes, limits: StepLimits
@@ -185,7 +178,7 @@ class Executions:
             executor.close()
         after = cg.counters()
         if result.get("lost"):
-            if after.oom_kills > before.oom_kills and after.memory_limit_hits > before.memory_limit_hits:
+            if memory_kill(before, after) == "own":
                 # Its own memory took the jail down: at its slot's limit the OOM killer chose the zygote (a
                 # program can lower its own oom_score_adj, and unmapped memfds count in nobody's RSS). The
                 # jail restarts on the next take; the verdict is the program's, as for any kill at its limit.
@@ -224,20 +217,20 @@ class Executions:
             self.stats["node_pressure"] += 1
             raise NodePressure(
                 f"the program was kept off the CPU by other sandboxes for {r['kept_s']:.1f} s of the "
-                f"{r['wall_s']:.1f} s it was given (its limit times {self.kind}.wall_factor); it did not use its "
-                "own time limit"
+                f"{r['wall_s']:.1f} s it was given (its limit times the worker's density, every kind's); it did "
+                "not use its own time limit"
             )
-        if after.oom_kills > before.oom_kills:
-            if after.memory_limit_hits > before.memory_limit_hits:
-                limits_hit.append("memory")
-                if killed_by is None and r.get("signal") == 9:
-                    killed_by = "memory"
-            elif killed_by is None and r.get("signal") == 9:
-                self.stats["node_pressure"] += 1
-                raise NodePressure(
-                    "the program was killed for memory under its own limit: the node (or its pod) ran out of "
-                    "memory for all its sandboxes"
-                )
+        kill = memory_kill(before, after)
+        if kill == "own":
+            limits_hit.append("memory")
+            if killed_by is None and r.get("signal") == 9:
+                killed_by = "memory"
+        elif kill == "node" and killed_by is None and r.get("signal") == 9:
+            self.stats["node_pressure"] += 1
+            raise NodePressure(
+                "the program was killed for memory under its own limit: the node (or its pod) ran out of "
+                "memory for all its sandboxes"
+            )
         if after.pids_max_hits > before.pids_max_hits:
             if cg.pids_refused_here():
                 limits_hit.append("pids")
@@ -330,10 +323,10 @@ class Executions:
     def killed_why(sess: LiveSession) -> str | None:
         """Why a session's sandbox vanished, when its cgroup says the kernel's OOM killer took it (between steps
         too, which no step's counters saw): its own limit, or the node's (pod's) memory; None otherwise."""
-        counters = sess.cgroup.counters()
-        if counters.oom_kills <= sess.seen.oom_kills:
+        kill = memory_kill(sess.seen, sess.cgroup.counters())
+        if kill is None:
             return None
-        if counters.memory_limit_hits > sess.seen.memory_limit_hits:
+        if kill == "own":
             return "its program reached the session's memory limit and the kernel killed its sandbox"
         return (
             "the node (or its pod) ran out of memory and the kernel killed its sandbox under its own limit "

@@ -78,6 +78,9 @@ class Jail:
         )
 
     async def start(self) -> None:
+        for path in self.cfg.ro_mounts:
+            if not os.path.exists(path):
+                raise SandboxSetupError(f"ro_mounts: {path} does not exist on this host (jail {self.name})")
         self.runtime_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = self.runtime_dir / f"{self.name}.cfg"
         config = build_config(self.cfg, self.mode)

@@ -62,7 +62,8 @@ def env_path(env: Environment) -> str:
 
 def jail_environments(cfg: JailConfig) -> list[tuple[str, Environment]]:
     """The environments a jail serves, in the order the zygote numbers them (``action.env`` -> index)."""
-    return list(environments.served(cfg.environments_dir).items())  # by name, as ``served`` keeps them
+    root = cfg.environments_root()
+    return list(environments.served(root).items()) if root else []  # by name, as ``served`` keeps them
 
 
 JAIL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
@@ -98,7 +99,8 @@ def build_config(cfg: JailConfig, mode: str = "oneshot", hostname: str = "sandbo
         mounts.append(MountPt(dst=FORK_ROOT, fstype="tmpfs", rw=False, is_dir=True, options="size=4k,mode=0755"))
     envs = jail_environments(cfg)
     mounts += [MountPt(src=env.site, dst=env_path(env), is_bind=True) for _, env in envs if env_path(env) != env.site]
-    served = [[env_path(env), cfg.preload.get(name, [])] for name, env in envs]
+    served = [[env_path(env), cfg.preloads(name)] for name, env in envs]
+    mounts += [MountPt(src=path, dst=path, is_bind=True) for path in cfg.ro_mounts]
     return NsJailConfig(
         name="sandboxd",
         mode=Mode.ONCE,

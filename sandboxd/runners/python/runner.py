@@ -86,7 +86,7 @@ class PythonRunner:
         self.cfg = cfg
         self.runtime_dir = ctx.runtime_dir / ctx.name
         self.name = ctx.name
-        self.execs = Executions("python", cfg, PythonObservation)
+        self.execs = Executions("python", cfg, PythonObservation, ctx.density)
         self.stats = self.execs.stats
         self.stats["forks"] = 0
         self.pool = SlotPool(cfg, self.runtime_dir, self.execs)

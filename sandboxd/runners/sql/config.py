@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from sandboxd.runners.base import Reservation, RunnerConfig
@@ -11,6 +13,8 @@ DUCKDB_HEADROOM_MB = 64  # of an engine's cgroup memory, kept for the interprete
 
 class SQLRunnerConfig(RunnerConfig):
     """DuckDB over shared read-only TPC-H data (B5), one engine process per one-shot slot and per session."""
+
+    START_TIMEOUTS: ClassVar[tuple[str, ...]] = ("engine_start_timeout_s",)
 
     slots_per_worker: int = Field(4, ge=1, description="Concurrent one-shot SQL statements per worker.")
     max_sessions_per_worker: int = Field(
@@ -61,6 +65,9 @@ class SQLRunnerConfig(RunnerConfig):
         "another took longer, and its workers did not start.",
     )
     cgroup_mount: str = Field("/sys/fs/cgroup", description="Where the cgroup file systems are mounted.")
+
+    def cores_at_once(self) -> float:
+        return self.slots_per_worker * self.cpu_cores
 
     def pool_reservation(self) -> Reservation:
         return Reservation(self.memory_mb << 20, self.pids_max).times(self.slots_per_worker)

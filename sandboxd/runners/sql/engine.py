@@ -1,8 +1,8 @@
 """The SQL engine process: a fork server whose children each run DuckDB for one slot or one session.
 
 Runs as ``python -m sandboxd.runners.sql.engine CONFIG_JSON CONTROL_FD``,
-started by the worker's SQL runner. Imports only the standard library, DuckDB
-and orjson: nothing here trusts or needs the rest of sandboxd.
+started by the worker's SQL runner. Imports only the standard library, DuckDB,
+orjson and sandboxd's stdlib-only modules (a fork's state, the starvation rule).
 
 Why processes: a statement that ignores DuckDB's interrupt (``levenshtein`` on
 huge strings) cannot be stopped inside a process that must go on serving, and
@@ -176,15 +176,30 @@ class Executor:
         stmt = Statement(cur, str(req["sql"]), max_rows, int(cfg["max_result_bytes"]))
         timeout_s = float(req["timeout_s"])
         t0 = time.perf_counter()
+        # The statement is timed on its own time, as every kind's step is (``runners/starvation.py``): the
+        # worker gives the wall cap its density allows; time other sandboxes kept this engine off the CPU is
+        # given back, and past the cap the statement was starved (the node's), not slow (its own).
+        from sandboxd.runners.starvation import Starvation
+
+        account = Starvation(
+            os.getpid(), timeout_s, time.process_time, float(cfg["cores"]), float(req.get("wall_cap_s") or timeout_s)
+        )
         self.todo.put(stmt)
         timed_out = False
-        if not stmt.done.wait(timeout_s):
-            timed_out = True
+        wait = timeout_s
+        while not stmt.done.wait(wait):
+            wait = account.more_s()
+            if wait <= 0:
+                timed_out = True
+                break
+        if timed_out:
             cur.interrupt()
             if not stmt.done.wait(float(cfg["grace_s"])):
                 return {"timed_out": True, "stuck": True, "elapsed_ms": (time.perf_counter() - t0) * 1000}
         if cur is not con:
             cur.close()
+        if timed_out and account.starved:
+            return {"starved": True, "kept_s": account.kept_s, "wall_s": account.wall_cap_s}
         return {
             "columns": [] if timed_out else stmt.columns,
             "rows": [] if timed_out else stmt.rows,

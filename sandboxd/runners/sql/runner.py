@@ -28,12 +28,13 @@ from sandboxd.runners.base import (
     refuse_at_session_cap,
     refuse_fork_at_cap,
 )
-from sandboxd.runners.cgroups import CgroupRoot, Counters
+from sandboxd.runners.cgroups import CgroupRoot, Counters, memory_kill
 from sandboxd.runners.jailconf import JAIL_UID
 from sandboxd.runners.sql import data
 from sandboxd.runners.sql.config import DUCKDB_HEADROOM_MB, SQLRunnerConfig
 from sandboxd.runners.sql.engines import Engine, EngineGone, EngineHost
 from sandboxd.runners.sql.models import SQLAction, SQLObservation
+from sandboxd.runners.starvation import usable_cores, wall_cap_s
 
 ANSWER_MARGIN_S = 2.0  # past timeout + grace, an engine that has not answered is killed by the worker
 REFILL_BACKOFF_S = 1.0
@@ -46,6 +47,7 @@ class SQLRunner:
     def __init__(self, cfg: SQLRunnerConfig, ctx: RunnerContext) -> None:
         self.cfg = cfg
         self.name = ctx.name
+        self.density = ctx.density
         # Private to this worker, and each engine spills into a directory of its own below it.
         self.temp_root = ctx.runtime_dir / ctx.name / "duckdb-tmp"
         self.host: EngineHost | None = None
@@ -90,6 +92,7 @@ class SQLRunner:
                 "max_result_bytes": self.cfg.max_result_bytes,
                 "fork_max_state_bytes": self.cfg.fork_max_state_bytes,
                 "grace_s": self.cfg.interrupt_grace_s,
+                "cores": usable_cores(self.cfg.cpu_cores),
                 "recycle_bytes": int((self.cfg.memory_mb << 20) * RECYCLE_AT_MEMORY_FRACTION),
                 "uid": JAIL_UID,
                 "home_procs": [str(p) for p in home.procs_files],
@@ -148,14 +151,23 @@ class SQLRunner:
     async def _run(self, engine: Engine, req: dict[str, Any], tpch: int | None, session_id: str | None) -> StepOutcome:
         self.stats["statements"] += 1
         before = engine.cgroup.counters(start=True)
-        deadline = float(req["timeout_s"]) + self.cfg.interrupt_grace_s + ANSWER_MARGIN_S
+        req["wall_cap_s"] = wall_cap_s(float(req["timeout_s"]), self.density.cores_at_once())
+        deadline = req["wall_cap_s"] + self.cfg.interrupt_grace_s + ANSWER_MARGIN_S
         watch = asyncio.ensure_future(self._watch_spill(engine))
         try:
-            answer = await engine.request(req, deadline)
+            with self.density.step(self.cfg.cpu_cores):
+                answer = await engine.request(req, deadline)
         except EngineGone as exc:
             return await self._engine_ended(engine, req, tpch, session_id, before, str(exc))
         finally:
             watch.cancel()
+        if answer.get("starved"):
+            self.stats["node_pressure"] += 1
+            raise NodePressure(
+                f"the statement was kept off the CPU by other sandboxes for {answer['kept_s']:.1f} s of the "
+                f"{answer['wall_s']:.1f} s it was given (its limit times the worker's density, every kind's); it "
+                "did not use its own time limit"
+            )
         engine.recycle = bool(answer.get("recycle"))
         if answer.get("stuck"):  # the engine ends itself after this answer
             self.stats["interrupted"] += 1
@@ -231,9 +243,7 @@ class SQLRunner:
         """The engine died mid-statement: the statement's fault only if a limit of its own says so (an OOM
         kill counts in the engine's group whichever limit was reached: its own, or the node's or pod's)."""
         by_us = engine.killed_by
-        after = engine.cgroup.counters()
-        oom = after.oom_kills > before.oom_kills
-        own_memory = after.memory_limit_hits > before.memory_limit_hits
+        kill = memory_kill(before, engine.cgroup.counters())
         await engine.close()
         self.stats["engines_killed"] += 1
         alive = session_id is None
@@ -246,9 +256,9 @@ class SQLRunner:
             return self._timed_out(req, tpch, float(req["timeout_s"]) * 1000, session_alive=alive)
         if by_us == "disk":
             return self._killed("disk", f"spill limit ({self.cfg.temp_mb} MiB of temp disk)", tpch, alive)
-        if oom and own_memory:
+        if kill == "own":
             return self._killed("memory", f"memory limit ({self.cfg.memory_mb} MiB)", tpch, alive)
-        if oom:
+        if kill == "node":
             self.stats["node_pressure"] += 1
             why = "killed for memory under its own limit: the node (or its pod) ran out of memory"
             if session_id is not None:

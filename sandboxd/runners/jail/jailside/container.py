@@ -266,6 +266,7 @@ class Kernel:
         self.pid = 0
         self.cells = self.status = -1
         self.grace_s = 0.5
+        self.last_nonce = b""  # the last cell's: its real status may come after a forgery answered it
 
     def run(self, source: bytes, stdin: bytes, cwd: str, running: list[int]) -> int:
         """One cell; its status (128 + N when the kernel died of signal N)."""
@@ -283,17 +284,21 @@ class Kernel:
         nonce = os.urandom(8)
         frame = CELL_HEAD.pack(len(source), len(stdin), nonce) + source + stdin
         got = b""
+        stale, self.last_nonce = self.last_nonce, nonce
         running[:] = [self.pid, 1]
         try:
             try:
                 view = memoryview(frame)
                 while view:
                     view = view[os.write(self.cells, view) :]
-                while len(got) < CELL_STATUS.size:
-                    chunk = os.read(self.status, CELL_STATUS.size - len(got))
-                    if not chunk:
+                while True:
+                    got = self._read_status()
+                    if got[:8] != stale or not stale:
                         break
-                    got += chunk
+                    # The last cell's own status, come after one it wrote itself (its nonce can be read from the
+                    # kernel's frames: it shares that interpreter): its forgery answered it, and this, its real
+                    # end, answers nothing. Skipped once, so it never answers this cell.
+                    stale = b""
             except OSError:  # its end of the pipe closed: it died
                 got = b""
         except Overdue:  # killed past its grace (raised into the wait, or into the handling of its death)
@@ -305,10 +310,19 @@ class Kernel:
             said, rc = CELL_STATUS.unpack(got)
             if said == nonce:
                 return int(rc)
-            # Not this cell's status: an earlier cell wrote one of its own (or a copy of the kernel answered),
-            # and every later status would answer the wrong cell. The kernel ends; the session stays.
+            # Not this cell's status, nor the last one's late end: a cell wrote statuses of its own, and every
+            # later one would answer the wrong cell. The kernel ends; the session stays.
             return self._died("a cell wrote on the kernel's own status channel")
         return self._died()
+
+    def _read_status(self) -> bytes:
+        got = b""
+        while len(got) < CELL_STATUS.size:
+            chunk = os.read(self.status, CELL_STATUS.size - len(got))
+            if not chunk:
+                break
+            got += chunk
+        return got
 
     def _start(self, cwd: str) -> int:
         """0, the kernel started; or the cell's status, why not said on its stderr."""
@@ -382,6 +396,7 @@ class Kernel:
             if fd >= 0:
                 os.close(fd)
         self.pid, self.cells, self.status = 0, -1, -1
+        self.last_nonce = b""
 
 
 class Overdue(Exception):

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import struct
+import time
 from typing import Any
 
 PREFIX = struct.Struct("!II")
@@ -29,7 +30,14 @@ START_TEMPLATE = 0xC0
 def exit_report(status: int, ru: Any) -> dict[str, Any]:
     """How a child ended, from ``wait4``: the frame the zygote sends for an executor and a fork's holder for
     a member (the kernel's word: nothing the program ran can write it)."""
-    msg: dict[str, Any] = {"op": "exit", "cpu_s": ru.ru_utime + ru.ru_stime, "max_rss_kb": ru.ru_maxrss}
+    # ``t``: when it was reaped, on the monotonic clock the worker reads too (a jail has no time namespace):
+    # how the worker knows a one-shot it saw end late ended in time or not (``exchange._judge_late_end``).
+    msg: dict[str, Any] = {
+        "op": "exit",
+        "cpu_s": ru.ru_utime + ru.ru_stime,
+        "max_rss_kb": ru.ru_maxrss,
+        "t": time.monotonic(),
+    }
     if os.WIFSIGNALED(status):
         msg["signal"] = os.WTERMSIG(status)
         msg["exit_code"] = 128 + os.WTERMSIG(status)
