@@ -26,8 +26,11 @@ FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS runtime
 # The same Debian packages scripts/setup.sh installs for a node (tests/test_deploy.py keeps them in step):
 # the code runner's toolchains among them (Debian's, on amd64 and arm64 alike), and tini as PID 1 so that
 # whatever a sandbox leaves behind is reaped.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-core g++ openjdk-17-jdk-headless golang-go rustc nodejs skopeo tini \
+# The JDK is the release's own, as setup.sh picks it: bookworm carries 17, trixie 21 (and no 17).
+RUN . /etc/os-release \
+ && case "$VERSION_CODENAME" in bookworm | bullseye) jdk=openjdk-17-jdk-headless ;; *) jdk=openjdk-21-jdk-headless ;; esac \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends libnl-route-3-200 ca-certificates chromium-headless-shell fonts-dejavu-core g++ "$jdk" golang-go rustc nodejs skopeo tini \
  && rm -rf /var/lib/apt/lists/*
 # The code runner's JavaScript packages and TypeScript's compiler (E2B's TypeScript contexts), pinned as
 # scripts/setup.sh installs them (npm only for this step).
@@ -55,7 +58,9 @@ EXPOSE 8080
 USER root
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s \
   CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('SANDBOXD_PORT', '8080'); sys.exit(urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2).status != 200)"]
-ENTRYPOINT ["/usr/bin/tini", "-g", "--"]
+# tini forwards a stop's SIGTERM to the node alone (no -g: the whole group would take the browsers' Chromium
+# down with steps in flight); the node drains, then stops its workers, whose steps finish first.
+ENTRYPOINT ["/usr/bin/tini", "--"]
 # Without API keys (SANDBOXD_API_KEYS_FILE, a mounted secret) the node refuses to serve 0.0.0.0.
 # Under gunicorn instead: ["gunicorn", "-c", "/etc/sandboxd/gunicorn.conf.py"] (copy deploy/gunicorn.conf.py).
 CMD ["sandboxd", "serve"]

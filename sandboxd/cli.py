@@ -156,8 +156,12 @@ def _image(args: argparse.Namespace) -> int:
     from sandboxd.errors import SandboxdError
     from sandboxd.images.store import ImageStore
 
-    s = load_settings()
+    s = load_settings(allow_insecure=True)  # a store's tool, not a server: it needs none of serve's keys
     store = ImageStore.of(s)
+
+    def progress(line: str) -> None:  # a task image is GBs: a line per blob and per layer, never minutes of silence
+        print(f"  {line}", file=sys.stderr, flush=True)
+
     try:
         if args.image_command == "import":
             # Python's tarfile holds a layer's headers (long names, PAX records, sparse maps) in memory whole:
@@ -167,14 +171,14 @@ def _image(args: argparse.Namespace) -> int:
             soft, hard = resource.getrlimit(resource.RLIMIT_AS)
             cap = IMPORT_MAX_ADDRESS_SPACE if hard == resource.RLIM_INFINITY else min(hard, IMPORT_MAX_ADDRESS_SPACE)
             resource.setrlimit(resource.RLIMIT_AS, (min(soft, cap) if soft != resource.RLIM_INFINITY else cap, hard))
-            image = store.import_image(Path(args.source), args.name)
+            image = store.import_image(Path(args.source), args.name, progress)
             print(f"{image.name}: {len(image.layers)} layers, {image.size} bytes, id {image.id}")
         elif args.image_command == "pull":
             from sandboxd.images.pull import pull
 
             creds = args.creds or os.environ.get("SANDBOXD_REGISTRY_CREDS") or None
             authfile = args.authfile or os.environ.get("REGISTRY_AUTH_FILE") or None
-            image = pull(store, args.ref, args.name, creds, authfile, tls_verify=not args.insecure)
+            image = pull(store, args.ref, args.name, creds, authfile, tls_verify=not args.insecure, progress=progress)
             print(f"{image.name}: {len(image.layers)} layers, {image.size} bytes, id {image.id}")
         elif args.image_command == "rm":
             busy = store.remove(args.name)
@@ -476,20 +480,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _client_only(exc: ModuleNotFoundError) -> int:
+    """`pip install sandboxd` is the client SDK alone; every command here is the server's or the bench's."""
+    if exc.name is None or exc.name.split(".")[0] == "sandboxd":
+        raise exc
+    print(
+        f"sandboxd: the command line needs {exc.name!r}, which the client-only install (`pip install sandboxd`, "
+        "the SDK: sandboxd.client) does not have: pip install 'sandboxd[server]'",
+        file=sys.stderr,
+    )
+    return EXIT_FAILED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # its help lists the bench's workloads: the server's modules
         code: int = args.func(args)
     except ModuleNotFoundError as exc:
-        if exc.name is None or exc.name.split(".")[0] == "sandboxd":
-            raise
-        # `pip install sandboxd` is the client SDK alone; every command here is the server's or the bench's.
-        print(
-            f"sandboxd: this command needs {exc.name!r}, which the client-only install does not have: "
-            "pip install 'sandboxd[server]'",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
+        return _client_only(exc)
     return code
 
 

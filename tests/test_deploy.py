@@ -100,6 +100,54 @@ MODES = {
 }
 
 
+# Instance types the examples name: vCPUs, GiB, and the pods EKS's VPC CNI allows (its max-pods table).
+INSTANCES = {"m8g.4xlarge": (16, 64, 234), "m7i.4xlarge": (16, 64, 234), "c8g.4xlarge": (16, 32, 234)}
+# What the usual DaemonSets of a node ask (VPC CNI 25m, kube-proxy 100m, EBS CSI node 10m; ~400 MiB in all).
+DAEMONSETS_CPU_M, DAEMONSETS_MEM_MI = 150, 400
+
+
+def allocatable(instance: str) -> tuple[int, int]:
+    """(millicores, MiB) a pod may request on ``instance``: EKS's kubelet reserve (CPU: 6% of the first core, 1%
+    of the second, 0.5% of the next two, 0.25% of the rest; memory: 255 MiB + 11 MiB per pod, and the 100 MiB
+    eviction threshold), less the usual DaemonSets'."""
+    vcpus, gib, max_pods = INSTANCES[instance]
+    cores = [60, 10, 5, 5] + [2.5] * (vcpus - 4)
+    cpu = vcpus * 1000 - sum(cores[:vcpus]) - DAEMONSETS_CPU_M
+    mem = gib * 1024 - (255 + 11 * max_pods) - 100 - DAEMONSETS_MEM_MI
+    return int(cpu), mem
+
+
+def _quantity_m(value: str) -> int:
+    return int(value[:-1]) if value.endswith("m") else int(float(value) * 1000)
+
+
+def _quantity_mi(value: str) -> int:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    return int(float(value[:-2]) * units[value[-2:]]) if value[-2:] in units else int(value) // (1 << 20)
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    "example",  # those that name the instance type they run on (the others take a share of any node)
+    sorted(p.name for p in (CHART / "examples").glob("*.yaml") if "node.kubernetes.io/instance-type" in p.read_text()),
+)
+def test_every_example_fits_the_node_it_names(example: str) -> None:
+    """A schema cannot see it: the Graviton example asked a Guaranteed 16 CPUs of an m8g.4xlarge, whose
+    allocatable is below 16, and stayed Pending. Each example naming an instance type fits it, with room for the
+    kubelet's reserve and the usual DaemonSets."""
+    docs = render("-f", str(CHART / "examples" / example))
+    kinds = by_kind(docs)
+    pod = (kinds.get("StatefulSet") or kinds["DaemonSet"])[0]["spec"]["template"]["spec"]
+    instance = pod["nodeSelector"]["node.kubernetes.io/instance-type"]
+    containers = pod["containers"] + pod.get("initContainers", [])
+    cpu = sum(_quantity_m(c["resources"]["requests"]["cpu"]) for c in pod["containers"])
+    mem = sum(_quantity_mi(c["resources"]["requests"]["memory"]) for c in pod["containers"])
+    cpu = max(cpu, *(_quantity_m(c["resources"]["requests"]["cpu"]) for c in containers))
+    room_cpu, room_mem = allocatable(instance)
+    assert cpu <= room_cpu, f"{example}: {cpu}m of CPU asked, {room_cpu}m allocatable on {instance}"
+    assert mem <= room_mem, f"{example}: {mem} MiB asked, {room_mem} MiB allocatable on {instance}"
+
+
 @needs_helm
 def test_lint_strict() -> None:
     r = helm("lint", "--strict", str(CHART), "--set-json", f'apiKeys.keys=["{KEY}"]')
@@ -297,7 +345,19 @@ def test_dockerfile_installs_what_setup_installs_and_builds_a_complete_wheel(tmp
         "docker-registry",
     }  # only the tests start or read these
     image_pkgs = set(re.search(r"--no-install-recommends ([^\\\n]+)", dockerfile).group(1).split())  # type: ignore[union-attr]
+    # The JDK is the release's own (the image's case, as setup.sh's): bookworm's 17, any later one's 21.
+    old_jdk, new_jdk = re.search(r"bookworm \| bullseye\) jdk=(\S+) ;; \*\) jdk=(\S+) ;;", dockerfile).groups()  # type: ignore[union-attr]
+    image_pkgs = (image_pkgs - {'"$jdk"'}) | {old_jdk if debian in ("bookworm", "bullseye") else new_jdk}
     assert node_pkgs <= image_pkgs, node_pkgs - image_pkgs
+    trixie = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "setup.sh"), "--print-packages"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "SANDBOXD_DEBIAN": "trixie"},
+    )
+    assert new_jdk in trixie.stdout.split() and old_jdk not in trixie.stdout.split(), trixie.stdout
+    assert '"/usr/bin/tini", "--"' in dockerfile and '"-g"' not in dockerfile  # a stop's SIGTERM: the node alone
     assert dockerfile.count("\nFROM ") + dockerfile.startswith("FROM ") >= 2  # multi-stage
     assert 'CMD ["sandboxd", "serve"]' in dockerfile
     assert '"sandboxd[server]"' in dockerfile and '".[server]"' in dockerfile  # the node's extras, not the SDK alone
@@ -344,6 +404,13 @@ def test_the_client_sdk_installs_and_imports_without_the_server() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
     assert (ROOT / "sandboxd" / "py.typed").exists()
+    # Its command line says what it needs rather than dying of an import (the server's modules are absent).
+    blocked = "import sys\nfor m in ('orjson', 'pydantic', 'fastapi'):\n    sys.modules[m] = None\n"
+    for argv in ("['--help']", "['bench', '--help']", "['doctor']"):
+        cli = blocked + f"from sandboxd.cli import main\nsys.exit(main({argv}))"
+        r = subprocess.run([sys.executable, "-c", cli], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert r.returncode == 1 and "pip install 'sandboxd[server]'" in r.stderr, (argv, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr, r.stderr
 
 
 def test_vm_test_plans_each_platform_and_refuses_what_it_cannot_boot() -> None:

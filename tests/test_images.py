@@ -230,7 +230,8 @@ HOSTILE = {
     ),
     "hard link to the host": (layer(("link", "passwd", "/etc/passwd")), "which this layer does not hold"),
     "hard link out": (layer(("link", "x", "../../../etc/passwd")), "climbs out"),
-    "device node": (layer(("chr", "dev/mem")), "device node"),
+    "device node": (layer(("chr", "etc/mem")), "device node, outside /dev: refused.*tar --delete"),
+    "device node beside dev": (layer(("dir", "devices"), ("chr", "devices/mem")), "device node, outside /dev"),
     "too many entries": (layer(*[("file", f"f{i}", b"") for i in range(1001)]), "more than 1000 entries"),
     "not a tar": (b"just some bytes that are no archive at all" * 20, "not a tar|broken layer"),
     # Found by a red team: each escaped as another exception (a 500), or ran without bound.
@@ -241,6 +242,20 @@ HOSTILE = {
     "hard link to a directory": (layer(("dir", "d"), ("link", "x", "d")), "hard link to a directory"),
     "runs on past its end": (layer(("file", "f", b"x")) + bytes(2 << 20), "past its end"),
 }
+
+
+def test_a_root_file_systems_own_dev_is_skipped_and_said(store: ImageStore, tmp_path: Path) -> None:
+    """mmdebstrap, debootstrap, ``docker``/``podman import`` tarballs carry /dev's nodes: skipped and counted (every
+    sandbox has its own /dev), each layer said as it goes."""
+    rootfs = layer(("dir", "dev"), ("chr", "dev/console"), ("chr", "dev/null"), ("file", "etc/hostname", b"x\n"))
+    said: list[str] = []
+    image = store.import_image(oci_layout(tmp_path / "oci", [rootfs], ref="base:1"), progress=said.append)
+    layer_dir = store.root / "layers" / image.layers[0].removeprefix("sha256:")
+    assert not (layer_dir / "fs" / "dev" / "console").exists() and (layer_dir / "fs" / "etc" / "hostname").exists()
+    assert len(said) == 1 and "2 device nodes of its /dev skipped" in said[0] and said[0].startswith("layer 1/1"), said
+    again: list[str] = []
+    store.import_image(oci_layout(tmp_path / "oci2", [rootfs], ref="base:2"), progress=again.append)
+    assert again and "held" in again[0], again
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))

@@ -15,11 +15,13 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from sandboxd.errors import BadRequest, SandboxSetupError
 from sandboxd.images.sources import ARCH
-from sandboxd.images.store import Image, ImageStore
+from sandboxd.images.store import Image, ImageStore, Progress
 
 REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-/:@]{0,254}")
 PULL_TIMEOUT_S = 3600.0
@@ -50,8 +52,10 @@ def pull(
     creds: str | None = None,
     authfile: str | None = None,
     tls_verify: bool = True,
+    progress: Progress | None = None,
 ) -> Image:
-    """Copy ``ref`` (``registry/repository:tag`` or ``@sha256:...``) from its registry and import it."""
+    """Copy ``ref`` (``registry/repository:tag`` or ``@sha256:...``) from its registry and import it;
+    ``progress`` gets skopeo's lines (a blob each) and then the import's (a layer each)."""
     if not REF.fullmatch(ref) or "//" in ref:
         raise BadRequest(f"image reference {ref[:80]!r}: registry/repository[:tag|@digest]")
     skopeo = shutil.which("skopeo")
@@ -72,17 +76,42 @@ def pull(
             cmd += ["--src-authfile", authfile]
         cmd += [f"docker://{ref}", f"oci:{work / 'layout'}:{ref.rsplit('/', 1)[-1]}"]
         env = {k: v for k, v in os.environ.items() if k != "SANDBOXD_REGISTRY_CREDS"}
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=PULL_TIMEOUT_S, env=env, check=False)
-        except subprocess.TimeoutExpired:
+        returncode, lines = _copy(cmd, env, progress, creds)
+        if returncode is None:
             raise SandboxSetupError(f"pulling {ref} took longer than {PULL_TIMEOUT_S:.0f} s") from None
-        if done.returncode != 0:
-            said = (done.stderr.strip().splitlines() or ["(nothing)"])[-1]
+        if returncode != 0:
+            said = (lines or ["(nothing)"])[-1]
             if creds:
                 said = said.replace(creds, "***")
             if any(word in said.lower() for word in CLIENT_SAYS):
                 raise BadRequest(f"pulling {ref}: {said}")
-            raise SandboxSetupError(f"pulling {ref}: skopeo failed ({done.returncode}): {said}")
-        return store.import_image(work / "layout", name or default_name(ref))
+            raise SandboxSetupError(f"pulling {ref}: skopeo failed ({returncode}): {said}")
+        return store.import_image(work / "layout", name or default_name(ref), progress)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _copy(
+    cmd: list[str], env: dict[str, str], progress: Progress | None, creds: str | None
+) -> tuple[int | None, list[str]]:
+    """Run skopeo, its lines passed to ``progress`` as they come (credentials never); its status (None: it ran
+    past ``PULL_TIMEOUT_S`` and was killed) and its last lines."""
+    deadline = time.monotonic() + PULL_TIMEOUT_S
+    tail: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        assert proc.stdout is not None
+        killer = threading.Timer(PULL_TIMEOUT_S, proc.kill)
+        killer.start()
+        try:
+            for raw in proc.stdout:
+                line = raw.rstrip()
+                if creds:
+                    line = line.replace(creds, "***")
+                if line:
+                    tail = [*tail[-9:], line]
+                    if progress is not None:
+                        progress(line)
+            proc.wait()
+        finally:
+            killer.cancel()
+    return (None if time.monotonic() > deadline else proc.returncode), tail

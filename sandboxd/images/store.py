@@ -24,7 +24,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,18 @@ class Image:
     def load(cls, path: Path) -> Image:
         doc = json.loads(path.read_text())
         return cls(**{**doc, "run": RunConfig(**doc["run"])})
+
+
+Progress = Callable[[str], None]
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GB"
 
 
 class ImageStore:
@@ -144,8 +156,9 @@ class ImageStore:
         """Its file, by a digest of the name: any name fits a file name (the record holds the name itself)."""
         return self.root / "images" / (hashlib.sha256(name.encode(errors="surrogateescape")).hexdigest() + ".json")
 
-    def import_image(self, source: Path, name: str | None = None) -> Image:
-        """Import the image at ``source`` (``sources.py``) as ``name`` (default: the name it carries)."""
+    def import_image(self, source: Path, name: str | None = None, progress: Progress | None = None) -> Image:
+        """Import the image at ``source`` (``sources.py``) as ``name`` (default: the name it carries); ``progress``
+        gets a line per layer (real task images are GBs: minutes of silence otherwise)."""
         with open_source(source) as src, self._locked():
             chosen = name or (src.names[0] if src.names else "")
             if not chosen:
@@ -158,7 +171,14 @@ class ImageStore:
                 raise ImageRefused(f"{source}: the image's run configuration is malformed ({exc})") from None
             diff_ids = [str(d) for d in src.config["rootfs"]["diff_ids"]]
             try:
-                size = sum(self._layer(src, i, diff_id) for i, diff_id in enumerate(diff_ids))
+                size = 0
+                for i, diff_id in enumerate(diff_ids):
+                    t0 = time.monotonic()
+                    got, note = self._layer(src, i, diff_id)
+                    size += got
+                    if progress is not None:
+                        took = f" in {time.monotonic() - t0:.1f} s" if note != "held" else ""
+                        progress(f"layer {i + 1}/{len(diff_ids)} {diff_id[7:19]}: {_size(got)} {note}{took}")
                 image = Image(
                     chosen, src.config_digest, str(src.config["architecture"]), diff_ids, size, run, time.time()
                 )
@@ -167,8 +187,9 @@ class ImageStore:
                 self._collect()  # layers this import made that no image names (it failed), or a replaced image's
             return image
 
-    def _layer(self, src: ImageSource, i: int, diff_id: str) -> int:
-        """The layer's bytes; unpacked now unless the store has it (from this image or any other)."""
+    def _layer(self, src: ImageSource, i: int, diff_id: str) -> tuple[int, str]:
+        """The layer's bytes, and how it came: ``held`` (the store has it, from this image or another) or
+        unpacked now (with what was skipped)."""
         home = self.root / "layers" / diff_id.removeprefix("sha256:")
         blob = src.layers[i]
         if (home / "layer.json").is_file():
@@ -179,7 +200,7 @@ class ImageStore:
                         pass
                 if hashed.digest() != blob.digest:
                     raise ImageRefused(f"layer {i} ({blob.path}) does not match its digest {blob.digest}")
-            return int(json.loads((home / "layer.json").read_text())["bytes"])
+            return int(json.loads((home / "layer.json").read_text())["bytes"]), "held"
         work = Path(tempfile.mkdtemp(dir=self.root / "tmp"))
         try:
             (work / "fs").mkdir()
@@ -192,10 +213,15 @@ class ImageStore:
                 raise ImageRefused(f"layer {i} ({blob.path}) does not match its digest {blob.digest}")
             if got.diff_id != diff_id:
                 raise ImageRefused(f"layer {i} ({blob.path}) is {got.diff_id}, not {diff_id} as the config says")
-            self._write(work / "layer.json", {"diff_id": diff_id, "entries": got.entries, "bytes": got.bytes})
+            record = {"diff_id": diff_id, "entries": got.entries, "bytes": got.bytes}
+            if got.skipped_devices:
+                record["skipped_devices"] = got.skipped_devices
+            self._write(work / "layer.json", record)
             os.chmod(work, 0o711)
             os.rename(work, home)
-            return got.bytes
+            skipped = got.skipped_devices
+            note = f"unpacked, {skipped} device nodes of its /dev skipped (a sandbox has its own)" if skipped else ""
+            return got.bytes, note or "unpacked"
         finally:
             if work.exists():
                 _remove(work)

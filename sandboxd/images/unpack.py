@@ -13,8 +13,10 @@ owners the image gave them, and the image's root is an unprivileged uid of the h
 Whatever the archive holds, nothing is written outside ``dest``: every path is resolved one component at a
 time with ``O_NOFOLLOW`` under ``dest`` (a link the layer made earlier is never followed, so ``etc -> /etc``
 then ``etc/passwd`` is refused, not written through), ``..`` that climbs out is refused, a hard link must
-name a file this layer holds, and device nodes are refused. The bytes written and the entries made are
-counted against limits as they arrive (a small archive that inflates without end is stopped there).
+name a file this layer holds, and device nodes are refused (those of a root file system's own ``/dev``, as
+``mmdebstrap`` and ``docker import`` tarballs have, are skipped and counted: every sandbox has its own). The
+bytes written and the entries made are counted against limits as they arrive (a small archive that inflates
+without end is stopped there).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Unpacked:
     diff_id: str  # sha256 of the uncompressed tar stream, as an image's config lists its layers
     entries: int
     bytes: int
+    skipped_devices: int = 0  # device nodes under dev/ not made (a root file system's own /dev)
 
 
 class _Hashing(io.RawIOBase):
@@ -151,6 +154,7 @@ class _Tree:
         os.fchown(self.root, root_id, root_id)
         self.dirs: list[tuple[str, int, int]] = []  # (path, mode, mtime): set once every entry is in
         self.made = 0  # directories made for entries whose parents the layer did not list: entries too
+        self.skipped_devices = 0  # device nodes of the layer's /dev, not made (``_entry``)
 
     def close(self) -> None:
         os.close(self.root)
@@ -288,7 +292,7 @@ def unpack(stream: BinaryIO, dest: Path, limits: Limits, ids: IdRange) -> Unpack
         raise LayerRefused(f"{where}{exc.strerror or exc}") from None
     finally:
         tree.close()
-    return Unpacked("sha256:" + hashing.digest.hexdigest(), entries, written)
+    return Unpacked("sha256:" + hashing.digest.hexdigest(), entries, written, tree.skipped_devices)
 
 
 def _entry(archive: tarfile.TarFile, m: tarfile.TarInfo, tree: _Tree, room: int, ids: IdRange) -> int:
@@ -305,6 +309,16 @@ def _entry(archive: tarfile.TarFile, m: tarfile.TarInfo, tree: _Tree, room: int,
         if m.isdir():
             tree.dirs.append(("", m.mode & 0o7777, int(m.mtime)))
         return 0
+    if (m.ischr() or m.isblk()) and not rel.rsplit("/", 1)[-1].startswith(WHITEOUT):
+        if rel.startswith("dev/"):
+            # A root file system's own /dev (mmdebstrap, debootstrap, docker or podman import): skipped, said
+            # in the import's notes. Every sandbox gets a /dev of its own; a node made from the image never.
+            tree.skipped_devices += 1
+            return 0
+        raise LayerRefused(
+            f"entry {m.name!r} is a device node, outside /dev: refused (a layer may not make devices). Strip it: "
+            f"tar --delete -f LAYER.tar {m.name!r}, or rebuild without it"
+        )
     fd, name = tree.parent(rel, m.name)
     try:
         if name == OPAQUE:  # its directory hides what lower layers have there
