@@ -71,14 +71,17 @@ def classify(cmdline: str, comm: str) -> str:
         return "playwright driver"
     if "multiprocessing" in cmdline or "spawn_main" in cmdline:
         return "load generator"
+    if comm == "prlimit" or (comm.startswith("python") and cmdline.split(" ", 2)[1:2] == ["-c"]):
+        return "baseline interpreters"  # B1's baseline: ``prlimit ... python -c PROGRAM`` per program
     if "b3_worker" in cmdline or "b4_worker" in cmdline or "uvicorn" in cmdline:
         return "baseline worker"
     return "other"
 
 
 def snapshot() -> dict[int, tuple[str, float, float]]:
-    """pid -> (class, own CPU s, CPU s of the children it reaped)."""
-    out = {}
+    """pid -> (class, own CPU s, CPU s of the children it reaped). A process with no class of its own takes
+    its nearest classed ancestor's (a baseline worker's uvicorn children start as multiprocessing's spawn)."""
+    raw: dict[int, tuple[str | None, int, float, float]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -87,11 +90,18 @@ def snapshot() -> dict[int, tuple[str, float, float]]:
             comm = head.split("(", 1)[1]
             f = rest.split()
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            out[int(entry.name)] = (
-                classify(cmd, comm),
-                (int(f[11]) + int(f[12])) * TICK_S,
-                (int(f[13]) + int(f[14])) * TICK_S,
-            )
+            own, reaped = (int(f[11]) + int(f[12])) * TICK_S, (int(f[13]) + int(f[14])) * TICK_S
+            raw[int(entry.name)] = (classify(cmd, comm), int(f[1]), own, reaped)
+    out = {}
+    for pid, (cls, ppid, own, reaped) in raw.items():
+        seen = 0
+        while cls in (None, "load generator", "other") and ppid in raw and seen < 64:
+            parent_cls = raw[ppid][0]
+            if parent_cls not in (None, "load generator", "other"):
+                cls = parent_cls
+                break
+            ppid, seen = raw[ppid][1], seen + 1
+        out[pid] = (cls or "other", own, reaped)
     return out
 
 
