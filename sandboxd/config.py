@@ -108,7 +108,8 @@ class NodeSettings(BaseSettings):
     images_dir: str = Field(
         "/var/lib/sandboxd/images",
         description="The node's image store (sandboxd image import/list/rm): each layer unpacked once, shared "
-        "by the images that have it. Owned by root, 0700.",
+        "by the images that have it. Owned by root and the uid base's group, 0710: a container's jail may pass, "
+        "the host's other users may not.",
     )
     image_max_layer_bytes: int = Field(
         16 << 30, ge=1 << 20, description="Most bytes of file contents one image layer may unpack to."
@@ -219,6 +220,14 @@ class NodeSettings(BaseSettings):
     )
     auth_ops: bool = Field(
         False, description="Require a key for /healthz, /readyz and /metrics too (probes and Prometheus need one)."
+    )
+    e2b_insecure_sandboxes: bool = Field(
+        False,
+        description="Serve E2B sandboxes created with secure: false as E2B does: their data plane (code, commands, "
+        "files) is reached by the sandbox's id alone, with no access token, which e2b-code-interpreter 1.x never "
+        "sends with run_code. The id becomes the credential: whoever learns it runs code there as the sandbox's "
+        "tenant. Off: every sandbox is secure whatever its create asked, and a call without a token is a 401 that "
+        "names this setting.",
     )
     tenant_max_sessions: int = Field(
         512, ge=1, description="Live sessions one tenant (API key) may hold on this node; more is a 429."

@@ -51,6 +51,14 @@ class InterruptCall(SessionCall):
     step_key: str | None
 
 
+class OwnerCall(TypedDict):
+    """``owner``: the tenant of a session that carries ``labels`` (a session reached by its id alone, as an E2B
+    sandbox made with ``secure: false`` is); unknown for any other session."""
+
+    session_id: str
+    labels: dict[str, str]
+
+
 class StatusCall(TypedDict):
     """``status``: the states of the tenant's sessions named."""
 

@@ -92,17 +92,20 @@ if [[ "$have" != "$hash dev" && "$have" != "$hash $extras" ]]; then
   "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[$extras]"
   echo "$hash $extras" > "$stamp"
 fi
-# The newest E2B SDK release, in a venv of its own (its connectrpc and protobuf-py lines differ from the pinned
-# pair's, which the node's envd speaks): tests/test_e2b_versions.py runs the same SDK flows with both.
+# The newest E2B SDK release and the 1.x line, each in a venv of its own (their connectrpc and protobuf lines
+# differ from the pinned pair's, which the node's envd speaks): tests/test_e2b_versions.py runs the SDK flows
+# with each.
 if [[ $MODE == test ]]; then
-  E2B_VENV="$ROOT/.venv-e2b-latest"
-  e2b_hash=$(sha256sum constraints-e2b-latest.txt | cut -d' ' -f1)
-  if [[ "$(cat "$E2B_VENV/.installed" 2>/dev/null || true)" != "$e2b_hash" ]]; then
-    log "installing the newest E2B SDK release into $E2B_VENV"
-    [[ -x "$E2B_VENV/bin/python" ]] || "$PY" -m venv "$E2B_VENV"
-    "$E2B_VENV/bin/python" -m pip install -q -c constraints-e2b-latest.txt e2b e2b-code-interpreter pytest pytest-timeout
-    echo "$e2b_hash" > "$E2B_VENV/.installed"
-  fi
+  for line in latest 1x; do
+    E2B_VENV="$ROOT/.venv-e2b-$line"
+    e2b_hash=$(sha256sum "constraints-e2b-$line.txt" | cut -d' ' -f1)
+    if [[ "$(cat "$E2B_VENV/.installed" 2>/dev/null || true)" != "$e2b_hash" ]]; then
+      log "installing the E2B SDK ($line) into $E2B_VENV"
+      [[ -x "$E2B_VENV/bin/python" ]] || "$PY" -m venv "$E2B_VENV"
+      "$E2B_VENV/bin/python" -m pip install -q -c "constraints-e2b-$line.txt" e2b e2b-code-interpreter pytest pytest-timeout
+      echo "$e2b_hash" > "$E2B_VENV/.installed"
+    fi
+  done
   # ... and E2B's JavaScript SDK, at the versions tests/e2b_js/package-lock.json holds (npm, the machine's node).
   js_hash=$(sha256sum tests/e2b_js/package-lock.json | cut -d' ' -f1)
   if [[ "$(cat tests/e2b_js/node_modules/.sandboxd-installed 2>/dev/null || true)" != "$js_hash" ]]; then

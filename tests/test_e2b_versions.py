@@ -47,7 +47,10 @@ TEMPLATE = "flows/py-app:1"  # a custom template (tests/imagebuild.py), for the 
 def node() -> Iterator[str]:
     with image_store("sandboxd-e2b-versions-") as (root, store):
         store.import_image(python_template(root / "template", TEMPLATE))
-        with running_container_node(store.root, runners='["python", "container"]', api_keys=f'["{KEY}"]') as base:
+        # Sandboxes made with secure: false are served here, for the 1.x line (the 2.x SDKs make secure ones).
+        with running_container_node(
+            store.root, runners='["python", "container"]', api_keys=f'["{KEY}"]', e2b_insecure_sandboxes="1"
+        ) as base:
             yield base
 
 
@@ -99,3 +102,40 @@ def test_the_javascript_sdk(node: str) -> None:
     out = subprocess.run(["node", "flow.mjs"], cwd=here, env=env, capture_output=True, text=True, timeout=300)
     print(out.stdout)
     assert out.returncode == 0 and out.stdout.endswith("all passed\n"), f"{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+
+
+LINE_1X = (ROOT / ".venv-e2b-1x" / "bin" / "python", ROOT / "constraints-e2b-1x.txt")
+FLOWS_1X = ROOT / "tests" / "e2b_sdk" / "flows_1x.py"
+
+
+def test_the_1x_line_and_rllms_tool(node: str, tmp_path: Path) -> None:
+    """e2b 1.x (tests/e2b_sdk/flows_1x.py), with rllm's E2B tool: by ``E2B_DOMAIN``, the only way 1.x knows,
+    through the TLS terminator; 1.x's data plane ignores proxies, so the SDK's process resolves the domain's
+    names to the terminator (tests/e2b_sdk/wildcard_dns), as wildcard DNS would."""
+    python, constraints = LINE_1X
+    assert python.exists(), f"{python}: scripts/setup.sh --test installs it"
+    expect = f"{pinned('e2b', constraints)}/{pinned('e2b-code-interpreter', constraints)}"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("E2B_", "SANDBOXD_", "PYTEST_")) and k != "PYTHONPATH" and "proxy" not in k.lower()
+    }
+    here = str(FLOWS_1X.parent)
+    paths = [here + "/wildcard_dns", str(ROOT / "tests" / "peers" / "rllm_tools")]
+    command = [str(python), "-m", "pytest", str(FLOWS_1X), "-q", "-rf", "-p", "no:cacheprovider", "-c", "/dev/null"]
+    command += ["--rootdir", here, "--confcutdir", here]
+    with TlsFront(node, DOMAIN, tmp_path) as front:
+        env.update(
+            E2B_API_KEY=KEY,
+            E2B_EXPECT_VERSION=expect,
+            E2B_DOMAIN=DOMAIN,
+            SSL_CERT_FILE=str(front.ca),
+            PYTHONPATH=os.pathsep.join(paths),
+            WILDCARD_DOMAIN=DOMAIN,
+            WILDCARD_PORT=str(front.direct_port),
+        )
+        out = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=540)
+    print(f"E2B SDK 1.x (e2b/e2b-code-interpreter {expect}), by domain:\n{out.stdout[-4000:]}")
+    assert out.returncode == 0, f"e2b {expect}:\n{out.stdout[-6000:]}\n{out.stderr[-2000:]}"
+    hosts = {name.split("-", 1)[0] for name in front.tunnels if name != "api." + DOMAIN}
+    assert "api." + DOMAIN in front.tunnels and hosts == {"49999", "49983"}, front.tunnels

@@ -22,6 +22,7 @@ from sandboxd.board import Board
 from sandboxd.config import build_settings_model, load_settings
 from sandboxd.configdocs import render as render_config_docs
 from sandboxd.eager import use_eager_tasks
+from sandboxd.front.auth import BY_SANDBOX_ID, Auth
 from sandboxd.ids import new_session_id, owner_of, worker_of
 from sandboxd.node.ledger import Entry, Ledger
 from sandboxd.registry import BUILTIN, kinds
@@ -306,6 +307,34 @@ async def test_a_workers_session_table_expires_and_keeps_tenants_apart() -> None
     table.remove(closed, "closed by the client")
     with pytest.raises(errors.UnknownSession, match="closed by the client"):
         table.get(closed, "t_a")
+
+
+def test_a_sandbox_reached_by_its_id_alone_only_where_the_operator_allows() -> None:
+    """E2B's ``secure: false``: a data-plane call with no credential names no tenant unless the node serves such
+    sandboxes, and then only a live session that carries the label answers, as its own tenant's."""
+    key = "e2b_" + "ab" * 20
+    calls = {"e2b-sandbox-id": "abc"}
+    with pytest.raises(errors.Unauthorized, match="SANDBOXD_E2B_INSECURE_SANDBOXES"):
+        Auth(load_settings(api_keys=[key])).tenant_of_e2b(calls, data_plane=True)
+    auth = Auth(load_settings(api_keys=[key], e2b_insecure_sandboxes=True))
+    assert auth.tenant_of_e2b(calls, data_plane=True) == BY_SANDBOX_ID
+    envd_user = {**calls, "authorization": "Basic dXNlcjo="}  # "user:", beside every envd call: not a key
+    assert auth.tenant_of_e2b(envd_user, data_plane=True) == BY_SANDBOX_ID
+    with pytest.raises(errors.Unauthorized):  # never on the control plane
+        auth.tenant_of_e2b(calls, data_plane=False)
+    with pytest.raises(errors.Unauthorized):  # a wrong token is not "no token"
+        auth.tenant_of_e2b({**calls, "x-access-token": "t_x.00"}, data_plane=True)
+    table = SessionTable()
+    opened, closed = new_session_id("n"), new_session_id("n")
+    table.add(SessionRecord(opened, "python", "t_a", "n", 0, ttl_s=60, idle_s=60, labels={"open": "1"}))
+    table.add(SessionRecord(closed, "python", "t_a", "n", 0, ttl_s=60, idle_s=60))
+    assert table.owner(opened, {"open": "1"}) == "t_a"
+    for sid, labels in ((closed, {"open": "1"}), (opened, {}), (opened, {"open": "0"}), ("s_none", {"open": "1"})):
+        with pytest.raises(errors.UnknownSession):
+            table.owner(sid, labels)
+    table.remove(opened, "closed by the client")
+    with pytest.raises(errors.UnknownSession):
+        table.owner(opened, {"open": "1"})
 
 
 def test_the_ledger_keeps_quotas_and_places_on_the_emptiest_worker() -> None:

@@ -1,7 +1,9 @@
 """What stands in front of a node reached by ``E2B_DOMAIN``: a TLS terminator for ``api.<domain>`` and
 ``*.<domain>`` with a test CA's certificate (an Ingress with a wildcard certificate, in a cluster), reached
 through an HTTP ``CONNECT`` proxy so that no name has to resolve (the client hands the proxy the host name, and
-the proxy sends every one of the domain's names to the node, as wildcard DNS would).
+the proxy sends every one of the domain's names to the node, as wildcard DNS would), or on a port of its own
+for clients that resolve the domain's names to it themselves (``direct_port``; e2b 1.x's data plane ignores
+proxies: tests/e2b_sdk/wildcard_dns).
 
 The Host header crosses untouched, as through an Ingress: the node routes by it. Run in a thread of the test
 process; ``TlsFront(node_url, domain)`` as a context manager gives the proxy's URL and the CA's file.
@@ -82,9 +84,16 @@ class TlsFront:
         self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.tls.load_cert_chain(cert, key)
         self.tunnels: list[str] = []  # the names clients asked for, in order
+        # The same terminator for clients that resolve the domain's names here themselves (``direct_port``: a
+        # resolver in the client maps them to it, as wildcard DNS would): the names they asked for by SNI.
+        self.direct = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.direct.load_cert_chain(cert, key)
+        self.direct.sni_callback = self._named
+        self.direct_port = 0
         self.loop = asyncio.new_event_loop()
         self.url = ""
         self._server: asyncio.Server | None = None
+        self._direct_server: asyncio.Server | None = None
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
     def __enter__(self) -> TlsFront:
@@ -93,6 +102,10 @@ class TlsFront:
             asyncio.start_server(self._client, "127.0.0.1", 0), self.loop
         ).result(10)
         self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        self._direct_server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._terminated, "127.0.0.1", 0, ssl=self.direct), self.loop
+        ).result(10)
+        self.direct_port = self._direct_server.sockets[0].getsockname()[1]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -102,8 +115,9 @@ class TlsFront:
         self.loop.close()
 
     async def _close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._direct_server):
+            if server is not None:
+                server.close()
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
@@ -127,6 +141,18 @@ class TlsFront:
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ssl.SSLError, ValueError):
             pass
         finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    def _named(self, _sock: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        self.tunnels.append(name or "")
+
+    async def _terminated(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A client of ``direct_port``: TLS already terminated; the plain HTTP inside goes to the node."""
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.backend)
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        except (OSError, ssl.SSLError):
             with contextlib.suppress(Exception):
                 writer.close()
 

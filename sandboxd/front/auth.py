@@ -47,6 +47,14 @@ def _key(header: str) -> str:
 
 
 E2B_TOKEN_CONTEXT = b"sandboxd e2b access token\0"  # what a key is hashed with to sign its sandboxes' tokens
+# The caller of an E2B data-plane call that carries no credential, where the operator serves sandboxes made with
+# ``secure: false`` (``e2b_insecure_sandboxes``): the sandbox it names says its tenant, if it is such a sandbox
+# (``SandboxCalls.caller``). No key's tenant has this name (theirs are ``t_<hex>``).
+BY_SANDBOX_ID = "\0by-sandbox-id"
+NO_TOKEN = (
+    "this sandbox call carries no access token (X-Access-Token or E2B-Traffic-Access-Token), and e2b-code-interpreter "
+    "before 2.0 sends none with run_code"
+)
 
 
 class Auth:
@@ -56,6 +64,7 @@ class Auth:
         # Per tenant, the secret its E2B sandboxes' access tokens are signed with: derived from its key, so every
         # front process and every node of a cluster (they share the keys) checks a token without shared state.
         self.signing = {tenant_of_key(k): hashlib.sha256(E2B_TOKEN_CONTEXT + k.encode()).digest() for k in keys}
+        self.e2b_by_id = settings.e2b_insecure_sandboxes
 
     @property
     def enabled(self) -> bool:
@@ -93,14 +102,19 @@ class Auth:
         if token is not None and data_plane:
             return self.tenant_of_access_token(token, headers.get("e2b-sandbox-id") or "")
         key = headers.get("x-api-key")
-        if key is not None and headers.get("authorization") is None:
+        authorization = headers.get("authorization")
+        if data_plane and authorization is not None and not _key(authorization):
+            authorization = None  # envd's user (Basic "user:", every envd call of the SDK's), not a key
+        if key is not None and authorization is None:
             return self.tenant_of_key(key)
-        if data_plane and key is None and headers.get("authorization") is None and self.enabled:
+        if data_plane and key is None and authorization is None and self.enabled:
+            if self.e2b_by_id:
+                return BY_SANDBOX_ID
             raise Unauthorized(
-                "this sandbox call carries no access token (X-Access-Token or E2B-Traffic-Access-Token): every "
-                "sandbox here is secure, and e2b-code-interpreter before 2.0 sends none with run_code (2.x does)"
+                f"{NO_TOKEN}: every sandbox here is secure (the node's SANDBOXD_E2B_INSECURE_SANDBOXES is off: "
+                "sandboxes created with secure: false, reached by their id alone, are not served)"
             )
-        return self.tenant_of_header(headers.get("authorization") or "")
+        return self.tenant_of_header(authorization or "")
 
     def tenant_of_key(self, key: str) -> str:
         if not self.tenants:

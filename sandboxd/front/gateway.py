@@ -459,6 +459,13 @@ class Gateway:
         except SandboxdError as exc:
             return Stored(exc.status, error_body(exc), exc.retry_after_s)
 
+    async def session_owner(self, session_id: str, labels: dict[str, str]) -> str:
+        """The tenant of this node's session ``session_id`` if it carries ``labels`` (a session its creator
+        opened to whoever knows its id); ``UnknownSession`` otherwise, another node's included (a call for one
+        is passed to its node as it came, and answered there)."""
+        header, _ = await self._session_worker(session_id).call("owner", {"session_id": session_id, "labels": labels})
+        return str(header["tenant"])
+
     async def session_info(self, session_id: str, tenant: str) -> SessionInfo:
         stored = await self.info_raw(session_id, tenant)
         if stored.status != 200:

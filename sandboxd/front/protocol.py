@@ -51,7 +51,7 @@ from sandboxd.errors import (
     Saturated,
     Unauthorized,
 )
-from sandboxd.front.auth import Auth
+from sandboxd.front.auth import BY_SANDBOX_ID, Auth
 from sandboxd.front.gateway import Gateway
 from sandboxd.front.surfaces import DropConnection, Surfaces
 from sandboxd.stores.idempotency import Stored
@@ -350,7 +350,8 @@ class FrontProtocol(HttpToolsProtocol):
                     self._refuse(exc, path=path)
                     return
             else:
-                if self._tenant is None and front.auth.enabled and self._counted:
+                # (a call by a sandbox's id alone names no tenant yet: it stays its address's)
+                if self._tenant is None and front.auth.enabled and self._counted and tenant != BY_SANDBOX_ID:
                     self._tenant = tenant  # from now on its tenant's, no longer its address's
                     front.uncount_address(self._address)
                     refusal = front.count_tenant(tenant)

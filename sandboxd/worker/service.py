@@ -51,6 +51,7 @@ from sandboxd.messages import (
     ForkCall,
     InterruptCall,
     OpenCall,
+    OwnerCall,
     SelectCall,
     SessionCall,
     StatusCall,
@@ -222,6 +223,7 @@ class Worker:
             "fork": self._op_fork,
             "select": self._op_select,
             "deadline": self._op_deadline,
+            "owner": self._op_owner,
             "interrupt": self._op_interrupt,
             "status": self._op_status,
             "hello": self._op_hello,
@@ -243,6 +245,9 @@ class Worker:
 
     async def _op_select(self, ch: Channel, h: SelectCall, body: bytes) -> tuple[Header, bytes]:
         return await self.select_sessions(h), b""
+
+    async def _op_owner(self, ch: Channel, h: OwnerCall, body: bytes) -> tuple[Header, bytes]:
+        return {"tenant": self.sessions.owner(h["session_id"], h["labels"])}, b""
 
     async def _op_deadline(self, ch: Channel, h: DeadlineCall, body: bytes) -> tuple[Header, bytes]:
         rec = self.sessions.get(h["session_id"], h["tenant"])

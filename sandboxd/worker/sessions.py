@@ -95,6 +95,15 @@ class SessionTable:
             raise SessionLost(f"session {session_id} was lost: {rec.lost}", session_id=session_id, worker=rec.worker)
         return rec
 
+    def owner(self, session_id: str, labels: dict[str, str]) -> str:
+        """The tenant of the live session ``session_id`` if it carries ``labels`` (which must name something):
+        a session its creator opened to whoever knows its id. Any other, live or not, is unknown, with the same
+        words as another tenant's session."""
+        rec = self.live.get(session_id)
+        if not labels or rec is None or rec.lost or not rec.has(labels):
+            raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+        return rec.tenant
+
     def claim(self, session_id: str, tenant: str, runner: str | None = None) -> SessionRecord:
         """The session, marked busy for one step; 409 while a step or a fork runs in it."""
         rec = self.get(session_id, tenant)

@@ -27,7 +27,7 @@ from protobuf import Oneof
 from protobuf.wkt import Timestamp
 
 from sandboxd.api.e2b.cells import module_cell, new_marker, split_answer
-from sandboxd.api.e2b.labels import TEMPLATE_LABEL
+from sandboxd.api.e2b.labels import OPEN_LABEL, TEMPLATE_LABEL
 from sandboxd.api.e2b.names import public_message, session_named
 from sandboxd.api.e2b.proto import filesystem_pb as fs
 from sandboxd.api.e2b.proto import process_pb as pr
@@ -41,9 +41,10 @@ from sandboxd.errors import (
     SandboxdError,
     SessionBusy,
     SessionLost,
+    Unauthorized,
     UnknownSession,
 )
-from sandboxd.front.auth import Auth
+from sandboxd.front.auth import BY_SANDBOX_ID, NO_TOKEN, Auth
 from sandboxd.front.gateway import Gateway
 from sandboxd.models import StepRequest
 
@@ -114,11 +115,21 @@ class SandboxCalls:
     async def caller(self, headers: Mapping[str, str]) -> tuple[str, str]:
         """The tenant and sandbox (its session) of a data-plane call (the routes' and envd's): the sandbox's
         access token (minted for sandboxes only, a MAC of the sandbox's E2B id), or a key, in which case the
-        session it names must be one of the key's sandboxes."""
+        session it names must be one of the key's sandboxes, or nothing, for a sandbox created with ``secure:
+        false`` where the operator serves those (its tenant is then the sandbox's)."""
         sandbox_id = headers.get("e2b-sandbox-id") or ""
         if not 0 < len(sandbox_id) <= MAX_ID:
             raise UnknownSession(f"sandbox {sandbox_id[:64]!r} not found")
         tenant = self.auth.tenant_of_e2b(headers, data_plane=True)
+        if tenant == BY_SANDBOX_ID:  # no credential, where the operator serves sandboxes reached by their id
+            try:
+                session_id = session_named(self.gateway, sandbox_id)
+                return await self.gateway.session_owner(session_id, {OPEN_LABEL: "1"}), session_id
+            except UnknownSession:  # never issued, ended, or a secure sandbox: the same words for each
+                raise Unauthorized(
+                    f"{NO_TOKEN}; sandbox {sandbox_id[:64]!r} is not one created with secure: false (those are "
+                    "reached by their id alone here)"
+                ) from None
         session_id = session_named(self.gateway, sandbox_id)
         if headers.get("x-access-token") is None and headers.get("e2b-traffic-access-token") is None:
             info = await self.gateway.session_info(session_id, tenant)

@@ -8,3 +8,4 @@ TEMPLATE_LABEL = OWN_PREFIX + "template"  # every sandbox carries it: what makes
 PARENT_LABEL = OWN_PREFIX + "sandbox"  # an extra code context: the sandbox it belongs to
 LANGUAGE_LABEL = OWN_PREFIX + "language"  # an extra code context's language, when not python
 IMAGE_LABEL = OWN_PREFIX + "image"  # a sandbox of a custom template: a container session of that image ("1")
+OPEN_LABEL = OWN_PREFIX + "open"  # created with secure: false, where the node serves those: reached by its id ("1")

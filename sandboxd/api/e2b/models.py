@@ -33,6 +33,8 @@ class NewSandbox(BaseModel):
     mcp: dict[str, Any] | None = None
     volume_mounts: list[Any] | None = Field(None, alias="volumeMounts")
     network: Network | None = None
+    # False: reached by its id alone (e2b 1.x's default), served only where the operator allows it
+    secure: bool | None = None
 
     def refused(self) -> str | None:
         """Why this create asks for what is not served (each the SDK's ``SandboxException`` by a 501)."""
