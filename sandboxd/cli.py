@@ -3,7 +3,7 @@
 sandboxd serve            run a node (gateway + workers) on this machine
 sandboxd demo             serve on loopback, run real programs and a short load against it, stop
 sandboxd smoke --target   run real programs against a running node and print what happened
-sandboxd bench            replay workloads B1-B9 against a node, write JSON + HTML (and upload them to S3)
+sandboxd bench            replay workloads (B1 B3 B4 B5 B7 B8 B9) against nodes, write JSON + HTML (+ S3)
 sandboxd size             instances and $/1M units per instance type, from results of several machines
 sandboxd report           one HTML page comparing machines: curves, $/1M bars, sizing, prices
 sandboxd config-docs      print the configuration reference (docs/configuration.md)

@@ -16,7 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SPAN = re.compile(r"`([^`\n]+)`")
 TOP = ("sandboxd/", "tests/", "scripts/", "docs/", "helm/", "deploy/", ".ci/")
-FILES = ("Dockerfile", "pyproject.toml", "constraints.txt", "constraints-e2b-latest.txt", "README.md")
+FILES = (
+    "Dockerfile",
+    "pyproject.toml",
+    "constraints.txt",
+    "constraints-e2b-latest.txt",
+    "constraints-e2b-1x.txt",
+    "README.md",
+)
 SETTING = re.compile(r"\bSANDBOXD_[A-Z0-9_]*[A-Z0-9]\b")
 MODULE = re.compile(r"python3? -m (sandboxd[\w.]*)")
 COMMAND = re.compile(r"(?:^|\s|/)sandboxd ([a-z][a-z-]+)(?: ([a-z][a-z-]+))?")
