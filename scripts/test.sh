@@ -2,7 +2,8 @@
 # The test command: set up, the checks (ruff, ruff format, strict mypy, generated docs), then the
 # whole suite against real nsjail, DuckDB and HTTP on loopback.
 #
-#   bash scripts/test.sh [pytest args]   the whole suite (what .ci/run runs)
+#   bash scripts/test.sh                 the whole suite (what .ci/run runs): in parallel, then the `alone` tests
+#   bash scripts/test.sh [pytest args]   those tests, as asked, in one process
 #   bash scripts/test.sh --quick         the checks and the in-process tests (no node, no bench): a change's
 #                                        first feedback in under a minute; set-up only if there is no venv yet
 set -euo pipefail
@@ -21,10 +22,21 @@ set +e
 export SANDBOXD_TEST_FORBID_SKIPS=${SANDBOXD_TEST_FORBID_SKIPS:-1}
 if [[ -n $quick ]]; then
   .venv/bin/python -m pytest -m "not node and not bench" -q "$@"
+  rc=$?
+elif (($#)); then
+  .venv/bin/python -m pytest "$@"  # what was asked, as it was asked
+  rc=$?
 else
-  .venv/bin/python -m pytest "$@"
+  # The whole suite in two parts (docs/development.md says where the time goes): every test that neither loads
+  # the machine itself nor measures what another test's load would change, in parallel processes (a test
+  # module each at a time: its node is started once); then the `alone` ones, with nothing beside them.
+  workers=${SANDBOXD_TEST_PROCESSES:-2}
+  .venv/bin/python -m pytest -n "$workers" --dist loadfile -m "not alone" -p no:cacheprovider
+  rc=$?
+  .venv/bin/python -m pytest -m alone -p no:cacheprovider
+  rc2=$?
+  ((rc == 0)) && rc=$rc2  # the first part's failure is the one to say
 fi
-rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then
   echo "pytest collected no tests: that is a failure here" >&2

@@ -182,6 +182,27 @@ def _node_in_own_group(env: dict[str, str]) -> Iterator[str]:
             yield base
 
 
+def node_tree(node: str) -> set[int]:
+    """The pids of a node's processes (its own and every descendant: fronts, workers, jails, engines, browsers):
+    what a test that looks at processes looks at, never another test's node (the suite runs in parallel)."""
+    import httpx
+
+    root = int(httpx.get(f"{node}/readyz", timeout=30).json()["pid"])
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                parents.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo += parents.get(pid, [])
+    return tree
+
+
 def point_e2b_at(node: str, key: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The E2B SDKs' environment, as a user sets it, pointing at the node with the key."""
     monkeypatch.setenv("E2B_API_URL", node)

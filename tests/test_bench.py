@@ -14,7 +14,7 @@ from sandboxd.bench import pricing
 from sandboxd.bench.stats import percentile, summary
 from tests.conftest import make_bucket
 
-pytestmark = [pytest.mark.node, pytest.mark.bench]
+pytestmark = [pytest.mark.node, pytest.mark.bench, pytest.mark.alone]
 
 
 def test_percentiles_interpolate_like_numpy() -> None:

@@ -576,6 +576,7 @@ async def test_a_click_the_page_never_received_is_sent_again_then_said(tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # it keeps every core busy itself
 async def test_a_sessions_click_reaches_its_cart_with_the_machine_busy(http: httpx.AsyncClient) -> None:
     """The contract test's browser probe, 15 times over, with every core kept busy by other processes: the
     click and the cart it fills hold whatever the load (a B4 trajectory must not pass or fail by load; an
@@ -620,6 +621,7 @@ async def test_a_sessions_click_reaches_its_cart_with_the_machine_busy(http: htt
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # it keeps every core busy itself
 async def test_an_action_the_node_starves_twice_is_the_nodes_failure(tmp_path: Path) -> None:
     """The browser's CPU is the node's to give: here its quota is a tenth of a core, and other processes keep every
     core busy. An action that times out twice while the CPUs are contended (a page whose script takes 40 ms,

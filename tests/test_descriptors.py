@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import running_node
+from tests.conftest import node_tree, running_node
 
 pytestmark = pytest.mark.node
 
@@ -39,10 +39,12 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield base
 
 
-def processes(pattern: bytes) -> list[int]:
+def processes(node: str, pattern: bytes) -> list[int]:
+    """The node's processes whose command line holds ``pattern`` (never another test's node)."""
     out = []
+    mine = node_tree(node)
     for p in Path("/proc").iterdir():
-        if p.name.isdigit():
+        if p.name.isdigit() and int(p.name) in mine:
             try:
                 if pattern in (p / "cmdline").read_bytes():
                     out.append(int(p.name))
@@ -82,10 +84,10 @@ async def test_spawned_processes_hold_only_what_they_need(node: str) -> None:
         assert (await c.post("/rollout/step", json={"runner": "sql", "session_id": sql,
                                                     "action": {"query": "select 1"}})).json()["ok"]  # fmt: skip
         try:
-            (worker,) = processes(b"sandboxd.worker")
+            (worker,) = processes(node, b"sandboxd.worker")
             leaked = {fd: what for fd, (what, cloexec) in descriptors(worker).items() if fd > 2 and not cloexec}
             assert not leaked, f"the worker holds descriptors its children would inherit: {leaked}"
-            jails = processes(b"nsjail\x00--config")
+            jails = processes(node, b"nsjail\x00--config")
             assert jails, "no jail found"
             for pid in jails:  # a slot jail or a session jail: its control socket, /dev/null, its log; nsjail's own
                 extra = {
@@ -96,7 +98,7 @@ async def test_spawned_processes_hold_only_what_they_need(node: str) -> None:
                     and not (what.startswith("/proc/") and what.endswith("/syscall"))
                 }
                 assert not extra, f"nsjail {pid} holds {extra}"
-            engines = processes(b"sandboxd.runners.sql.engine")
+            engines = processes(node, b"sandboxd.runners.sql.engine")
             assert engines, "no SQL engine found"
             for pid in engines:  # the fork server and each engine: stdio, its one socket, the read-only database
                 held = descriptors(pid)
@@ -123,7 +125,7 @@ async def test_a_worker_idles_after_a_session_ends_mid_step(node: str) -> None:
         r = await step
         assert r.status_code == 410 and r.json()["error"]["code"] == "session_expired", r.text
         await c.delete(f"/sessions/{sql}")
-        (worker,) = processes(b"sandboxd.worker")
+        (worker,) = processes(node, b"sandboxd.worker")
         await asyncio.sleep(1.0)
         before, t0 = cpu_s(worker), time.monotonic()
         await asyncio.sleep(4.0)

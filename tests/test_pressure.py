@@ -23,7 +23,7 @@ import pytest
 from sandboxd.runners.cgroups import CgroupGroup
 from tests.conftest import group_usage, running_node_in, scratch_group, set_group_limits
 
-pytestmark = [pytest.mark.node, pytest.mark.vm]
+pytestmark = [pytest.mark.node, pytest.mark.vm, pytest.mark.alone]
 
 KEY_A, KEY_B = "pressure-tenant-a", "pressure-tenant-b"
 MIB = 1 << 20

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import running_node, step_ok
+from tests.conftest import node_tree, running_node, step_ok
 
 pytestmark = pytest.mark.node
 
@@ -100,10 +100,13 @@ async def open_session(http: httpx.AsyncClient) -> str:
     return sid
 
 
-def engines() -> dict[int, str]:
-    """Engine processes (not their fork servers) of every node on this host: pid -> working directory."""
+def engines(node: str) -> dict[int, str]:
+    """The node's engine processes (not their fork servers): pid -> working directory."""
     out = {}
+    mine = node_tree(node)
     for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) not in mine:
+            continue
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             if b"sandboxd.runners.sql.engine" in cmd and Path(f"/proc/{pid}/status").read_text().count("65534") >= 2:
@@ -167,9 +170,9 @@ async def test_a_statement_that_ignores_its_interrupt_ends_only_its_own_engine(h
 
 
 async def test_spill_is_private_bounded_and_removed(http: httpx.AsyncClient) -> None:
-    before = set(engines())
+    before = set(engines(str(http.base_url).rstrip("/")))
     a, b = await open_session(http), await open_session(http)
-    mine = {pid: cwd for pid, cwd in engines().items() if pid not in before}
+    mine = {pid: cwd for pid, cwd in engines(str(http.base_url).rstrip("/")).items() if pid not in before}
     assert len(mine) == 2 and len(set(mine.values())) == 2, mine  # a directory of its own per engine
 
     def fill(offset: int) -> str:
@@ -196,7 +199,7 @@ async def test_spill_is_private_bounded_and_removed(http: httpx.AsyncClient) -> 
     assert (await http.delete(f"/sessions/{b}")).status_code == 204
     for cwd in mine.values():
         assert not Path(cwd).exists(), cwd
-    assert not set(engines()) & set(mine)
+    assert not set(engines(str(http.base_url).rstrip("/"))) & set(mine)
 
 
 async def test_engines_are_unprivileged_and_offline(http: httpx.AsyncClient) -> None:
@@ -204,8 +207,8 @@ async def test_engines_are_unprivileged_and_offline(http: httpx.AsyncClient) -> 
     host_net = os.readlink("/proc/self/ns/net")
     host_ipc = os.readlink("/proc/self/ns/ipc")
     try:
-        assert engines()
-        for pid in engines():
+        assert engines(str(http.base_url).rstrip("/"))
+        for pid in engines(str(http.base_url).rstrip("/")):
             status = Path(f"/proc/{pid}/status").read_text()
             assert "NoNewPrivs:\t1" in status and "CapEff:\t0000000000000000" in status, status
             assert os.readlink(f"/proc/{pid}/ns/net") != host_net

@@ -27,10 +27,10 @@ import httpx
 import pytest
 
 from sandboxd.runners.jail.jailside import landlock
-from tests.conftest import running_node, scratch_group
+from tests.conftest import node_tree, running_node, scratch_group
 from tests.verdict_corpus import CORPUS, TIMEOUT_S, Case, verdict_of
 
-pytestmark = [pytest.mark.node, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.node, pytest.mark.timeout(600), pytest.mark.alone]
 
 KEY_A, KEY_B = "e2b_" + "a7" * 20, "verdicts-tenant-b-0123"
 SLOTS = 4  # per worker; two workers
@@ -360,10 +360,12 @@ DEEP_AND_WIDE = (
 )
 
 
-def holders() -> list[int]:
+def holders(node: str) -> list[int]:
+    """The node's fork holders (never another test's node: the suite runs in parallel)."""
     out = []
+    mine = node_tree(node)
     for p in Path("/proc").iterdir():
-        if p.name.isdigit():
+        if p.name.isdigit() and int(p.name) in mine:
             with contextlib.suppress(OSError):
                 if b"holder.py" in (p / "cmdline").read_bytes():
                     out.append(int(p.name))
@@ -376,7 +378,7 @@ async def test_a_fork_copys_deep_tree_closes_cleanly_and_the_group_ends_with_its
     its tmpfs shrink), and the group's holder ends with its last member; a source deeper than a copy may be
     is refused whole with a 422 that names the bound, and stays as it was."""
     async with tenant(node) as c:
-        before = len(holders())
+        before = len(holders(node))
         sid = (await c.post("/sessions", json={"runner": "python"})).json()["session_id"]
         r = await c.post(f"/sessions/{sid}/fork", json={"n": 2})
         assert r.status_code == 201, r.text
@@ -385,8 +387,8 @@ async def test_a_fork_copys_deep_tree_closes_cleanly_and_the_group_ends_with_its
         r = await c.post("/rollout/step", json={"runner": "python", "session_id": copies[0], "timeout_s": 30,
                                                 "action": {"code": deep}})  # fmt: skip
         assert r.json()["observation"]["stdout"] == "deep\n", r.text
-        assert len(holders()) == before + 1
-        holder = max(holders())
+        assert len(holders(node)) == before + 1
+        holder = max(holders(node))
         assert len(os.listdir(f"/proc/{holder}/root/forks")) == 2
         closed = await c.delete(f"/sessions/{copies[0]}")
         assert closed.status_code == 204, closed.text
@@ -394,10 +396,10 @@ async def test_a_fork_copys_deep_tree_closes_cleanly_and_the_group_ends_with_its
         for s in (sid, copies[1]):
             assert (await c.delete(f"/sessions/{s}")).status_code == 204
         for _ in range(50):
-            if len(holders()) == before:
+            if len(holders(node)) == before:
                 break
             await asyncio.sleep(0.1)
-        assert len(holders()) == before, "the group's holder outlived its last member"
+        assert len(holders(node)) == before, "the group's holder outlived its last member"
 
         src = (await c.post("/sessions", json={"runner": "python"})).json()["session_id"]
         made: list[str] = []
