@@ -57,6 +57,7 @@ class OwnerCall(TypedDict):
 
     session_id: str
     labels: dict[str, str]
+    named: list[str]  # labels it must carry too, whatever their values
 
 
 class StatusCall(TypedDict):

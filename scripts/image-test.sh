@@ -72,14 +72,17 @@ if ! "${PODMAN[@]}" image exists "$BASE"; then
   ctx=$WORK/base
   rm -rf "$ctx" && mkdir -p "$ctx"
   if [[ $DEBIAN == bookworm ]]; then
-    # Bookworm's python3 is 3.11: the host's CPython 3.12 (pyenv's build, relocatable) goes to /usr/local.
+    # Bookworm's python3 is 3.11: the host's CPython 3.12 (pyenv's build, relocatable) goes to /usr/local; its
+    # pip scripts name the host's path in their #! line, so pip is run as a module instead.
     src=$(ls -d /root/.pyenv/versions/3.12* 2>/dev/null | head -1)
     [[ -n $src ]] || { echo "image-test: no CPython 3.12 on this host to make the bookworm base with" >&2; exit 1; }
     cp -a "$src" "$ctx/python"
     cat > "$ctx/Containerfile" <<EOF
 FROM localhost/debian-minbase:$DEBIAN-$ARCH
 COPY python /usr/local
-RUN ldconfig && ln -sf python3 /usr/local/bin/python && ln -sf pip3 /usr/local/bin/pip && python --version
+RUN ldconfig && ln -sf python3 /usr/local/bin/python && for p in pip pip3 pip3.12; do \\
+      printf '#!/bin/sh\\nexec /usr/local/bin/python3 -m pip "\$@"\\n' > /usr/local/bin/\$p && chmod 755 /usr/local/bin/\$p; \\
+    done && python --version && pip --version
 EOF
   else
     cat > "$ctx/Containerfile" <<EOF

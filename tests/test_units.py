@@ -326,15 +326,16 @@ def test_a_sandbox_reached_by_its_id_alone_only_where_the_operator_allows() -> N
         auth.tenant_of_e2b({**calls, "x-access-token": "t_x.00"}, data_plane=True)
     table = SessionTable()
     opened, closed = new_session_id("n"), new_session_id("n")
-    table.add(SessionRecord(opened, "python", "t_a", "n", 0, ttl_s=60, idle_s=60, labels={"open": "1"}))
-    table.add(SessionRecord(closed, "python", "t_a", "n", 0, ttl_s=60, idle_s=60))
-    assert table.owner(opened, {"open": "1"}) == "t_a"
-    for sid, labels in ((closed, {"open": "1"}), (opened, {}), (opened, {"open": "0"}), ("s_none", {"open": "1"})):
+    labels = {"open": "1", "sandbox": "base"}
+    table.add(SessionRecord(opened, "python", "t_a", "n", 0, ttl_s=60, idle_s=60, labels=labels))
+    table.add(SessionRecord(closed, "python", "t_a", "n", 0, ttl_s=60, idle_s=60, labels={"open": "1"}))
+    assert table.owner(opened, {"open": "1"}, ["sandbox"]) == "t_a"
+    for sid, want in ((closed, {"open": "1"}), (opened, {}), (opened, {"open": "0"}), ("s_none", {"open": "1"})):
         with pytest.raises(errors.UnknownSession):
-            table.owner(sid, labels)
+            table.owner(sid, want, ["sandbox"])  # (``closed`` is open, but not a sandbox)
     table.remove(opened, "closed by the client")
     with pytest.raises(errors.UnknownSession):
-        table.owner(opened, {"open": "1"})
+        table.owner(opened, {"open": "1"}, ["sandbox"])
 
 
 def test_the_ledger_keeps_quotas_and_places_on_the_emptiest_worker() -> None:

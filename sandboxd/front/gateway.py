@@ -54,7 +54,7 @@ from sandboxd.front.links import NodeKV, NodeLinks
 from sandboxd.front.selection import select, states_of
 from sandboxd.ids import owner_of, tenant_of_key, worker_of
 from sandboxd.links import Channel, Header, LinkClosed, answer_of
-from sandboxd.messages import CreateCall, DeadlineCall, NodeForkCall, StepCall
+from sandboxd.messages import CreateCall, DeadlineCall, NodeForkCall, OwnerCall, StepCall
 from sandboxd.metrics import FrontMetrics
 from sandboxd.models import ForkResult, SessionCreate, SessionFork, SessionInfo, StepRequest, StepResult
 from sandboxd.registry import kinds
@@ -459,11 +459,12 @@ class Gateway:
         except SandboxdError as exc:
             return Stored(exc.status, error_body(exc), exc.retry_after_s)
 
-    async def session_owner(self, session_id: str, labels: dict[str, str]) -> str:
-        """The tenant of this node's session ``session_id`` if it carries ``labels`` (a session its creator
-        opened to whoever knows its id); ``UnknownSession`` otherwise, another node's included (a call for one
-        is passed to its node as it came, and answered there)."""
-        header, _ = await self._session_worker(session_id).call("owner", {"session_id": session_id, "labels": labels})
+    async def session_owner(self, session_id: str, labels: dict[str, str], named: list[str]) -> str:
+        """The tenant of this node's session ``session_id`` if it carries ``labels`` and labels ``named`` (a
+        session its creator opened to whoever knows its id); ``UnknownSession`` otherwise, another node's
+        included (a call for one is passed to its node as it came, and answered there)."""
+        fields: OwnerCall = {"session_id": session_id, "labels": labels, "named": named}
+        header, _ = await self._session_worker(session_id).call("owner", fields)
         return str(header["tenant"])
 
     async def session_info(self, session_id: str, tenant: str) -> SessionInfo:

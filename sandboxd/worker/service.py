@@ -247,7 +247,7 @@ class Worker:
         return await self.select_sessions(h), b""
 
     async def _op_owner(self, ch: Channel, h: OwnerCall, body: bytes) -> tuple[Header, bytes]:
-        return {"tenant": self.sessions.owner(h["session_id"], h["labels"])}, b""
+        return {"tenant": self.sessions.owner(h["session_id"], h["labels"], h["named"])}, b""
 
     async def _op_deadline(self, ch: Channel, h: DeadlineCall, body: bytes) -> tuple[Header, bytes]:
         rec = self.sessions.get(h["session_id"], h["tenant"])

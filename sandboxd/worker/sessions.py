@@ -95,12 +95,12 @@ class SessionTable:
             raise SessionLost(f"session {session_id} was lost: {rec.lost}", session_id=session_id, worker=rec.worker)
         return rec
 
-    def owner(self, session_id: str, labels: dict[str, str]) -> str:
-        """The tenant of the live session ``session_id`` if it carries ``labels`` (which must name something):
-        a session its creator opened to whoever knows its id. Any other, live or not, is unknown, with the same
-        words as another tenant's session."""
+    def owner(self, session_id: str, labels: dict[str, str], named: list[str]) -> str:
+        """The tenant of the live session ``session_id`` if it carries ``labels`` (which must name something)
+        and labels ``named``: a session its creator opened to whoever knows its id. Any other, live or not, is
+        unknown, with the same words as another tenant's session."""
         rec = self.live.get(session_id)
-        if not labels or rec is None or rec.lost or not rec.has(labels):
+        if not labels or rec is None or rec.lost or not rec.has(labels) or not all(n in rec.labels for n in named):
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
         return rec.tenant
 

@@ -124,7 +124,9 @@ class SandboxCalls:
         if tenant == BY_SANDBOX_ID:  # no credential, where the operator serves sandboxes reached by their id
             try:
                 session_id = session_named(self.gateway, sandbox_id)
-                return await self.gateway.session_owner(session_id, {OPEN_LABEL: "1"}), session_id
+                # an open sandbox (a session labelled so but no sandbox, a native one, is not reached)
+                owner = await self.gateway.session_owner(session_id, {OPEN_LABEL: "1"}, [TEMPLATE_LABEL])
+                return owner, session_id
             except UnknownSession:  # never issued, ended, or a secure sandbox: the same words for each
                 raise Unauthorized(
                     f"{NO_TOKEN}; sandbox {sandbox_id[:64]!r} is not one created with secure: false (those are "
