@@ -26,11 +26,14 @@ from sandboxd.api.e2b.names import known_nodes, public_message, sandbox_name, se
 from sandboxd.api.e2b.sandboxes import HOME, Sandboxes, metadata_of
 from sandboxd.api.e2b.shapes import GONE, data_error
 from sandboxd.api.surface import Dropped, surface_router, until_disconnected
-from sandboxd.errors import BadRequest, NotFound, NotServed, SandboxdError
+from sandboxd.errors import BadRequest, NotFound, NotServed, SandboxdError, Saturated
 from sandboxd.front.surfaces import json_response
 from sandboxd.models import SessionCreate
 
 MAX_FILES = 1000  # parts of one upload
+# Extra contexts one sandbox may hold: each is a python session of the tenant's (its quota, the node's memory
+# budget), and a sandbox reached by its id alone lets whoever knows the id make them.
+MAX_CONTEXTS = 16
 INTERRUPT_AGAIN_S = 1.0  # a cell whose client left, still queued or ignoring its interrupt: interrupted again
 LANGUAGES = ("javascript", "typescript", "bash", "java")  # a sandbox's own kernels besides python
 
@@ -111,6 +114,12 @@ def router(sandboxes: Sandboxes) -> APIRouter:
         if req.cwd not in (None, "", "/tmp", HOME):
             raise BadRequest(f"cwd {req.cwd!r}: a context here starts in its own home ({HOME})")
         parent = await sandbox_info(tenant, sandbox_id)
+        held = len((await gateway.select_sessions(tenant, {PARENT_LABEL: sandbox_id}, "list"))["sessions"])
+        if held >= MAX_CONTEXTS:
+            raise Saturated(
+                f"this sandbox holds {held} code contexts, the most one may: remove one first (DELETE /contexts/<id>)",
+                retry_after_s=5.0,
+            )
         if IMAGE_LABEL in parent.labels:
             raise NotServed(
                 "contexts of a custom template's sandbox are not served: its image's python runs one, the "

@@ -127,7 +127,7 @@ class SandboxCalls:
                 # an open sandbox (a session labelled so but no sandbox, a native one, is not reached)
                 owner = await self.gateway.session_owner(session_id, {OPEN_LABEL: "1"}, [TEMPLATE_LABEL])
                 return owner, session_id
-            except UnknownSession:  # never issued, ended, or a secure sandbox: the same words for each
+            except (UnknownSession, SessionLost):  # never issued, ended, of a worker replaced, or secure: one answer
                 raise Unauthorized(
                     f"{NO_TOKEN}; sandbox {sandbox_id[:64]!r} is not one created with secure: false (those are "
                     "reached by their id alone here)"

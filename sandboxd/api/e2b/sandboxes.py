@@ -64,7 +64,7 @@ class Sandboxes:
         """A sandbox as E2B's API describes one (``detail``: as ``get`` and ``list`` do, more than a create)."""
         name = sandbox_name(info.session_id)
         # A sandbox reached by its id alone has no token, as on E2B (the SDK then sends none)
-        token = None if OPEN_LABEL in info.labels else self.auth.access_token(tenant, name)
+        token = None if OPEN_LABEL in info.labels and self.auth.e2b_by_id else self.auth.access_token(tenant, name)
         body: dict[str, Any] = {
             "templateID": info.labels.get(TEMPLATE_LABEL, "base"),
             "sandboxID": name,
