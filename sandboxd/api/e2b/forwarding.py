@@ -69,10 +69,11 @@ class E2bForwarding:
         if not sandbox_id or owner in (None, cluster.node_id):
             return await self.app(scope, receive, send)
         if FORWARDED_BY.encode() in headers:  # a peer sends only what this node owns: a forged or stale hop
-            return await _answer(send, 502, f"The sandbox was not found on node {cluster.node_id}".encode())
+            # (no node is named: a caller without credentials gets this far, and node ids are the operator's)
+            return await _answer(send, 502, b"The sandbox was not found on this node")
         peer = cluster.registry.peers.get(owner) or cluster.registry.known.get(owner)
         if peer is None:
-            return await _answer(send, 502, f"The sandbox was not found: its node {owner} is gone".encode())
+            return await _answer(send, 502, b"The sandbox was not found: its node is gone")
         await self._forward(scope, receive, send, peer.url, headers)
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, url: str, headers: dict[bytes, bytes]) -> None:
