@@ -70,7 +70,10 @@ if ! "${PODMAN[@]}" image exists "$BASE"; then
     >/dev/null 2>"$WORK/mmdebstrap.log" || { tail -20 "$WORK/mmdebstrap.log" >&2; exit 1; }
   "${PODMAN[@]}" import --arch "$ARCH" "$rootfs" "localhost/debian-minbase:$DEBIAN-$ARCH" >/dev/null
   ctx=$WORK/base
-  rm -rf "$ctx" && mkdir -p "$ctx"
+  rm -rf "$ctx" && mkdir -p "$ctx/cas"
+  # The host's own CAs (a TLS-inspecting proxy's, say: the package registries are reached through one here) go
+  # where Debian's ca-certificates adds them to the image's trust, as an operator behind such a proxy must do.
+  cp /usr/local/share/ca-certificates/*.crt "$ctx/cas/" 2>/dev/null || true
   if [[ $DEBIAN == bookworm ]]; then
     # Bookworm's python3 is 3.11: the host's CPython 3.12 (pyenv's build, relocatable) goes to /usr/local; its
     # pip scripts name the host's path in their #! line, so pip is run as a module instead.
@@ -79,15 +82,17 @@ if ! "${PODMAN[@]}" image exists "$BASE"; then
     cp -a "$src" "$ctx/python"
     cat > "$ctx/Containerfile" <<EOF
 FROM localhost/debian-minbase:$DEBIAN-$ARCH
+COPY cas /usr/local/share/ca-certificates
 COPY python /usr/local
-RUN ldconfig && ln -sf python3 /usr/local/bin/python && for p in pip pip3 pip3.12; do \\
+RUN update-ca-certificates >/dev/null && ldconfig && ln -sf python3 /usr/local/bin/python && for p in pip pip3 pip3.12; do \\
       printf '#!/bin/sh\\nexec /usr/local/bin/python3 -m pip "\$@"\\n' > /usr/local/bin/\$p && chmod 755 /usr/local/bin/\$p; \\
     done && python --version && pip --version
 EOF
   else
     cat > "$ctx/Containerfile" <<EOF
 FROM localhost/debian-minbase:$DEBIAN-$ARCH
-RUN rm -f /usr/lib/python3*/EXTERNALLY-MANAGED && ln -sf /usr/bin/python3 /usr/local/bin/python \\
+COPY cas /usr/local/share/ca-certificates
+RUN update-ca-certificates >/dev/null && rm -f /usr/lib/python3*/EXTERNALLY-MANAGED && ln -sf /usr/bin/python3 /usr/local/bin/python \\
  && ln -sf /usr/bin/pip3 /usr/local/bin/pip && python --version
 EOF
   fi
@@ -140,9 +145,11 @@ if [[ -z $SMOKE ]]; then
     curl -sf ${auth[*]@Q} $URL/rollout/step -d '{\"runner\": \"python\", \"session_id\": \"'\$sid'\", \"action\": {\"code\": \"x = 41\"}}' >/dev/null
     curl -sf ${auth[*]@Q} $URL/rollout/step -d '{\"runner\": \"python\", \"session_id\": \"'\$sid'\", \"action\": {\"code\": \"print(x + 1)\"}}' | grep -q '\"stdout\": *\"42'"
   check "tools: a lookup" ok '{"runner": "tools", "action": {"tool": "get_product_details", "args": {"product_id": "P1001"}}}'
-  check "textgame: a reset" ok '{"runner": "textgame", "action": {"op": "reset", "seed": 1}}'
+  check "textgame: a reset in a session" bash -c "
+    sid=\$(curl -sf ${auth[*]@Q} $URL/sessions -d '{\"runner\": \"textgame\"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"session_id\"])')
+    curl -sf ${auth[*]@Q} $URL/rollout/step -d '{\"runner\": \"textgame\", \"session_id\": \"'\$sid'\", \"action\": {\"op\": \"reset\", \"seed\": 1}}' | grep -q '\"ok\": *true'"
   check "browser: a page" ok '{"runner": "browser", "action": {"actions": [{"action": "goto", "path": "/"}, {"action": "text", "selector": "h1"}]}}'
-  check "metrics" bash -c "curl -sf ${auth[*]@Q} $URL/metrics | grep -q sandboxd_steps"
+  check "metrics" bash -c "curl -sf ${auth[*]@Q} $URL/metrics | grep -q sandboxd_step_latency_seconds"
   # A stop with steps in flight: both finish, answered 200, and the node exits 0 (tini forwards the stop to the
   # node alone; the node drains, then stops its workers).
   slow_browser='{"runner": "browser", "timeout_s": 60, "action": {"actions": [{"action": "goto", "path": "/"}, {"action": "wait_for", "ms": 3000}, {"action": "text", "selector": "h1"}]}}'
