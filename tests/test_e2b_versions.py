@@ -34,6 +34,19 @@ def pinned(name: str, constraints: Path) -> str:
     return found.group(1)
 
 
+def sdk_process(python: Path, constraints: Path) -> tuple[dict[str, str], str]:
+    """An SDK release's own process: the machine's environment without E2B's, sandboxd's, pytest's or a
+    proxy's variables (only what the test sets points it at the node), and the release it must report."""
+    assert python.exists(), f"{python}: scripts/setup.sh --test installs it"
+    expect = f"{pinned('e2b', constraints)}/{pinned('e2b-code-interpreter', constraints)}"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("E2B_", "SANDBOXD_", "PYTEST_")) and k != "PYTHONPATH" and "proxy" not in k.lower()
+    }
+    return env, expect
+
+
 RELEASES = {
     "pinned": (Path(sys.executable), ROOT / "constraints.txt"),
     "latest": (ROOT / ".venv-e2b-latest" / "bin" / "python", ROOT / "constraints-e2b-latest.txt"),
@@ -66,13 +79,7 @@ def test_the_sdk_flows(node: str, release: str, addressing: str, tmp_path: Path)
     ``https://<port>-<sandbox id>.<domain>``, through a TLS terminator holding a test CA's wildcard certificate
     (``SSL_CERT_FILE``) and a proxy (``HTTPS_PROXY``) that stands in for wildcard DNS."""
     python, constraints = RELEASES[release]
-    assert python.exists(), f"{python}: scripts/setup.sh --test installs it"
-    expect = f"{pinned('e2b', constraints)}/{pinned('e2b-code-interpreter', constraints)}"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("E2B_", "SANDBOXD_", "PYTEST_")) and k != "PYTHONPATH" and "proxy" not in k.lower()
-    }
+    env, expect = sdk_process(python, constraints)
     env.update(E2B_API_KEY=KEY, E2B_EXPECT_VERSION=expect, E2B_TEST_TEMPLATE=TEMPLATE)
     here = str(FLOWS.parent)  # nothing of the project's pytest set-up: the SDK's process is a user's program
     command = [str(python), "-m", "pytest", str(FLOWS), "-q", "-rf", "-p", "no:cacheprovider", "-c", "/dev/null"]
@@ -113,13 +120,7 @@ def test_the_1x_line_and_rllms_tool(node: str, tmp_path: Path) -> None:
     through the TLS terminator; 1.x's data plane ignores proxies, so the SDK's process resolves the domain's
     names to the terminator (tests/e2b_sdk/wildcard_dns), as wildcard DNS would."""
     python, constraints = LINE_1X
-    assert python.exists(), f"{python}: scripts/setup.sh --test installs it"
-    expect = f"{pinned('e2b', constraints)}/{pinned('e2b-code-interpreter', constraints)}"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("E2B_", "SANDBOXD_", "PYTEST_")) and k != "PYTHONPATH" and "proxy" not in k.lower()
-    }
+    env, expect = sdk_process(python, constraints)
     here = str(FLOWS_1X.parent)
     paths = [here + "/wildcard_dns", str(ROOT / "tests" / "peers" / "rllm_tools")]
     command = [str(python), "-m", "pytest", str(FLOWS_1X), "-q", "-rf", "-p", "no:cacheprovider", "-c", "/dev/null"]
