@@ -144,7 +144,8 @@ class NodeSettings(BaseSettings):
         120.0,
         gt=0,
         description="A worker not listening this long after it was started (its jails and warm templates ready) is "
-        "killed: the node does not start, or replaces it again. Raise it on slow machines (an emulated guest).",
+        "killed: the node does not start, or replaces it again. The node's front processes get as long to join it. "
+        "Raise it on slow machines (an emulated guest).",
     )
     worker_ping_interval_s: float = Field(2.0, gt=0, description="Health-check interval of each worker.")
     worker_ping_timeout_s: float = Field(

@@ -973,3 +973,22 @@ def test_a_bench_target_takes_its_key_from_the_url_a_file_or_the_environment_and
     with pytest.raises(TargetError, match="is empty"):
         (tmp_path / "empty").write_text("")
         Target.parse(["http://n:1"], str(tmp_path / "empty"), environ={})
+
+
+def test_time_given_for_kept_time_never_outruns_the_own_time_left() -> None:
+    """A program starved while it started, then asleep past its limit: each extension is at most the own time
+    it has left, so wherever it ends inside one it was within its limit, and a check past it times it out."""
+    from sandboxd.runners.starvation import decide, ended_late
+
+    limit, cap = 0.3, 3.0
+    first = decide(limit, elapsed_s=0.24, kept_s=0.2, cap_s=cap)  # 0.04 s its own so far
+    assert first.outcome == "more" and first.more_s == pytest.approx(0.26)
+    # Asleep from then on (not kept): at the next check its own time is its limit.
+    assert decide(limit, 0.24 + first.more_s, kept_s=0.2, cap_s=cap).outcome == "timeout"
+    # An end within the time given is within its own time; one seen past it is judged and timed out.
+    assert not ended_late(limit, 0.24 + first.more_s - 0.01, kept_s=0.2)
+    assert ended_late(limit, 0.9, kept_s=0.2)
+    # Kept off the CPU all along: more time, until the wall cap, which is the node's.
+    assert decide(limit, 2.0, kept_s=1.9, cap_s=cap).outcome == "more"
+    assert decide(limit, cap, kept_s=cap - 0.1, cap_s=cap).outcome == "starved"
+    assert decide(limit, 2.9, kept_s=2.75, cap_s=cap).more_s == pytest.approx(0.1)  # the cap's room left

@@ -44,6 +44,9 @@ def node() -> Iterator[str]:
             images_dir=str(store.root),
             container__memory_mb=512,
             container__tmpfs_mb=256,
+            # At the node's density the python cases queue behind loops the node gives back what it kept
+            # from them (up to their wall cap): the class of a case, not the queue's patience, is tested.
+            queue_timeout_s=120,
         ) as base:
             yield base
 
@@ -169,14 +172,15 @@ async def test_a_program_that_ends_after_its_deadline_is_never_a_success(http: h
     loops = [asyncio.ensure_future(run_as(http, "python", loop)) for _ in range(8)]
     await asyncio.sleep(0.3)
 
-    async def one(kind: str) -> str:
+    async def one(kind: str) -> tuple[str, str, dict[str, Any]]:
         body = body_of(kind, late)
         body["timeout_s"] = 0.3
         sid = await session(http, kind) if kind.endswith("-cell") else None
         if sid:
             body["session_id"] = sid
         try:
-            return verdict_of((await http.post("/rollout/step", json=body)).json())
+            result = (await http.post("/rollout/step", json=body)).json()
+            return kind, verdict_of(result), result
         finally:
             if sid:
                 await http.delete(f"/sessions/{sid}")
@@ -186,7 +190,8 @@ async def test_a_program_that_ends_after_its_deadline_is_never_a_success(http: h
         *(http.post("/run_code", json={"code": late.code, "language": "python", "run_timeout": 0.3}) for _ in range(4))
     )
     await asyncio.gather(*loops)
-    assert set(got) == {"program_timeout"}, collections.Counter(got)
+    wrong = [(kind, result) for kind, verdict, result in got if verdict != "program_timeout"]
+    assert not wrong, f"{collections.Counter(verdict for _, verdict, _ in got)}: {json.dumps(wrong)}"
     assert {r.json()["status"] for r in fusion} == {"Failed"}, [r.json() for r in fusion]
 
 

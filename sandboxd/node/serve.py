@@ -74,7 +74,10 @@ class Fronts:
             pass_fds=(fd,),
         )
 
-    async def start(self, timeout_s: float = 120.0) -> None:
+    async def start(self) -> None:
+        """The fronts started and joined: on a slow machine (an emulated guest, a busy host) importing the app
+        takes minutes, so they get the workers' patience (``worker_start_timeout_s``), not a fixed one."""
+        timeout_s = self.settings.worker_start_timeout_s
         for i in range(len(self.procs)):
             self.procs[i] = await self._spawn(i)
         deadline = time.monotonic() + timeout_s
@@ -82,7 +85,7 @@ class Fronts:
             if any(p is not None and p.returncode is not None for p in self.procs):
                 raise RuntimeError("a front process exited while starting (see its log above)")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"front processes did not join the node in {timeout_s:g}s")
+                raise RuntimeError(f"front processes did not join the node in {timeout_s:g}s (worker_start_timeout_s)")
             await asyncio.sleep(0.05)
         self._tasks = [asyncio.create_task(self._watch(i)) for i in range(len(self.procs))]
 

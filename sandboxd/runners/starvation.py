@@ -44,8 +44,6 @@ from typing import Literal
 
 STARVED_MIN_S = 0.02  # own time this close to the limit is the limit (scheduling noise, clock reads)
 MAX_TASKS = 4096  # threads read per check: a sandbox holds at most its pids limit of them
-RATE_FLOOR = 0.02  # an own-time rate below this (a step all but stopped): wait for the cap, not 50x more
-OVERSHOOT_S = 0.5  # how far past its limit a step's own time may run between two checks
 
 
 WALL_FLOOR = 2.0  # a step's wall cap is at least this many times its limit
@@ -92,10 +90,16 @@ class Decision:
     more_s: float = 0.0
 
 
-def decide(limit_s: float, elapsed_s: float, kept_s: float, cap_s: float, rate: float = 1.0) -> Decision:
+def decide(limit_s: float, elapsed_s: float, kept_s: float, cap_s: float) -> Decision:
     """The one rule: a step's own time is its wall time less what it was kept off the CPU (``kept_s``); when
     that reaches its limit it is the program's timeout, however long it took on the wall; when the wall cap
-    comes first it was starved. ``rate``: its own time per wall second lately (how fast the rest will pass)."""
+    comes first it was starved.
+
+    The time given is ``left``, the own time it has left, never more: own time grows at most as fast as the
+    wall, so a step that ends before its next check ended within its own time, and one still running at it
+    is read again. Given more (the rest at the pace it had so far), a program starved while it started and
+    then asleep ended past its limit inside time it was given, and came back a success: what it ran after
+    the last reading cannot be read once it is gone (its threads' waits go with it)."""
     own = elapsed_s - max(0.0, kept_s)
     left = limit_s - own
     if left < STARVED_MIN_S:
@@ -103,9 +107,7 @@ def decide(limit_s: float, elapsed_s: float, kept_s: float, cap_s: float, rate: 
     room = cap_s - elapsed_s
     if room < STARVED_MIN_S:
         return Decision("starved", own)
-    # Own time grows at most as fast as the wall: waiting ``left + OVERSHOOT_S`` at most, the step never runs
-    # more than OVERSHOOT_S past its limit when its neighbours leave and it gets the CPU back.
-    return Decision("more", own, min(room, left / rate if rate > RATE_FLOOR else room, left + OVERSHOOT_S))
+    return Decision("more", own, min(room, left))
 
 
 def ended_late(limit_s: float, elapsed_s: float, kept_s: float) -> bool:
@@ -172,7 +174,6 @@ class Starvation:
         self._t0 = time.monotonic()
         self._usage0 = usage_s()
         self._waits0 = tree_waits_s(pid)
-        self._last = (0.0, 0.0)  # (wall, own) at the last check
         self.kept_s = 0.0  # time it was kept off the CPU, as of the last check
         self.starved = False
 
@@ -186,11 +187,7 @@ class Starvation:
         self.kept_s = max(0.0, min(longest, deficit))
         if self._cap_now is not None:
             self.wall_cap_s = max(self.wall_cap_s, self._cap_now())
-        wall0, own0 = self._last
-        own = elapsed - self.kept_s
-        rate = (own - own0) / (elapsed - wall0) if elapsed > wall0 else 1.0
-        d = decide(self.limit_s, elapsed, self.kept_s, self.wall_cap_s, rate)
-        self._last = (elapsed, own)
+        d = decide(self.limit_s, elapsed, self.kept_s, self.wall_cap_s)
         self.starved = d.outcome == "starved"
         return d.more_s
 

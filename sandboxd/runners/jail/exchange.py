@@ -350,7 +350,7 @@ class _Exchange:
                 if req.session and self._session_reply(waiter.result()[0]):
                     waiter = self.waiter = self._next_reply()
                     continue
-                if not req.session and self.killed_by is None and loop.time() > deadline + STARVED_MIN_S:
+                if self.killed_by is None and not self.timed_out and loop.time() > deadline + STARVED_MIN_S:
                     self._judge_late_end(deadline - start)
                 return
             if ex.exit in finished or (req.session and waiter in finished):
@@ -380,13 +380,19 @@ class _Exchange:
             return
 
     def _judge_late_end(self, given_s: float) -> None:
-        """A one-shot that ended by itself, seen after its deadline (``given_s`` after its request: its limit,
-        or more for time it was kept from): this loop was late, or the end came after it. The zygote's word
-        says when it ended (its reap, on the same clock); past its deadline then, it is a success only if it
-        was within its own time at its end (``starvation.ended_late``), else the program's timeout."""
+        """A step that ended by itself, seen after its deadline (``given_s`` after its request: its limit, or
+        more for time it was kept from): this loop was late, or the end came after it. When it ended is the
+        zygote's word for a one-shot (its reap) and the session's executor's for a cell (its reply's ``t``),
+        on the same clock, else now; past its deadline then, it is a success only if it was within its own
+        time at its end (``starvation.ended_late``), else the program's timeout. A python cell's ``t`` comes
+        from the interpreter it shares with the program, which could only claim an earlier end for itself
+        (within its wall cap): its own step's verdict, never another's."""
         now = time.monotonic()
-        reaped = self.ex.exit.result().get("t") if self.ex.exit.done() and not self.ex.exit.exception() else None
-        end = reaped if isinstance(reaped, float) and self.t0 <= reaped <= now else now
+        if self.req.session:
+            said = (self.step_exit or {}).get("t")
+        else:
+            said = self.ex.exit.result().get("t") if self.ex.exit.done() and not self.ex.exit.exception() else None
+        end = said if isinstance(said, float) and self.t0 <= said <= now else now
         elapsed = end - self.t0
         if elapsed <= given_s + STARVED_MIN_S:
             return  # it ended in time; this loop saw it late

@@ -78,6 +78,7 @@ _setitimer = signal.setitimer
 _signal = signal.signal
 _sigpending, _sigtimedwait, _sigmask = signal.sigpending, signal.sigtimedwait, signal.pthread_sigmask
 _sleep = __import__("time").sleep
+_monotonic = __import__("time").monotonic
 _sock_sendall = _socket.socket.sendall
 _sock_recv = _socket.socket.recv
 _json_decode = json.JSONDecoder().decode

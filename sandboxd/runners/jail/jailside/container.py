@@ -17,6 +17,7 @@ import resource
 import signal
 import socket
 import struct
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # inside the jail these are plain modules beside the zygote (no sandboxd package there)
@@ -133,8 +134,9 @@ def session(
         else:
             staging.set_stdin(stdin)
             code, exports, cwd = _command(str(req.get("command", "")), exports, cwd, running)
+        ended = time.monotonic()  # the worker's clock too: a reply it sees late is judged on this
         kernel.reaped(_reap())
-        done: dict[str, Any] = {"op": "done", "exit_code": code, "tag": tag}
+        done: dict[str, Any] = {"op": "done", "exit_code": code, "tag": tag, "t": ended}
         if 128 < code <= 128 + 64:
             done["signal"] = code - 128  # a shell's word for a command a signal ended (a kill at a limit)
         bound.send(sock, done)

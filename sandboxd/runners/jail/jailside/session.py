@@ -19,6 +19,7 @@ else:
 
 __builtins__ = bound.BUILTINS  # type: ignore[assignment]  # before any def (bound.py says why)
 _os_kill, _os_waitpid, _sleep, _json_encode = bound._os_kill, bound._os_waitpid, bound._sleep, bound._json_encode
+_monotonic = bound._monotonic
 _sys, _TextIOWrapper, _BytesIO = bound._sys, bound._TextIOWrapper, bound._BytesIO
 _sigpending, _sigtimedwait, _sigmask = bound._sigpending, bound._sigtimedwait, bound._sigmask
 
@@ -89,7 +90,7 @@ def _cell(
         _reap_exited()
     else:
         _reap_strays()
-    return b'{"op":"done","exit_code":%d,"tag":%d}' % (rc, tag)
+    return b'{"op":"done","exit_code":%d,"tag":%d,"t":%.6f}' % (rc, tag, _monotonic())  # when it ended
 
 
 def _fork(sock: socket.socket, req: dict[str, Any], tag: int) -> tuple[str, socket.socket | None]:
