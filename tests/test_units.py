@@ -992,3 +992,26 @@ def test_time_given_for_kept_time_never_outruns_the_own_time_left() -> None:
     assert decide(limit, 2.0, kept_s=1.9, cap_s=cap).outcome == "more"
     assert decide(limit, cap, kept_s=cap - 0.1, cap_s=cap).outcome == "starved"
     assert decide(limit, 2.9, kept_s=2.75, cap_s=cap).more_s == pytest.approx(0.1)  # the cap's room left
+
+
+def test_the_time_a_step_was_kept_from_is_its_longest_chain_of_waits() -> None:
+    """An executor that waited before it forked, a shell that waited and then sat in wait() while its child
+    waited: their waits add up along the chain; siblings waiting side by side never do."""
+    from sandboxd.runners.starvation import Waits
+
+    readings = iter(
+        [
+            [(10, 0.5, 10)],  # the step begins: the executor had waited 0.5 s while it was prepared
+            [(10, 1.5, 10), (11, 0.4, 10)],  # it waited 1 s more, then forked the shell, which waited 0.4 s
+            # The shell sits in wait(); its two children (a pipeline) each waited 2 s, side by side.
+            [(10, 1.5, 10), (11, 0.4, 10), (12, 2.0, 11), (13, 2.0, 11)],
+            [(10, 1.5, 10), (11, 0.4, 10), (12, 2.2, 11), (13, 2.1, 11), (14, 0.3, 13)],
+            [(10, 1.5, 10), (11, 0.4, 10), (12, 2.2, 11), (13, 2.9, 11), (14, 0.3, 13)],
+        ]
+    )
+    waits = Waits(10, lambda pid: next(readings))
+    assert waits.longest_s() == pytest.approx(1.0 + 0.4)
+    assert waits.longest_s() == pytest.approx(1.4 + 2.0)  # not 1.4 + 4.0: the pipeline waited at once
+    assert waits.longest_s() == pytest.approx(1.4 + 2.1 + 0.3)  # 14 on 13's chain as it was when 14 was seen
+    # 13 waits on after 14 was seen: its own chain grows, 14's does not.
+    assert waits.longest_s() == pytest.approx(1.4 + 2.9)

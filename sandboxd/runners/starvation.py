@@ -9,8 +9,14 @@ limit, however long that took on the wall, and as the node's failure (``NodePres
 cap (``wall_cap_s``: a multiple of the limit that allows for the node's own density) came first.
 
 Kept-off time is the smaller of two readings, so that neither the program nor its neighbours can invent it:
-- the longest time one of its threads (the executor's, and its descendants') spent runnable but not
-  running since the step began (``/proc/<pid>/task/<tid>/schedstat``, second field);
+- the longest chain of waits: the time one of its threads (the executor's, and its descendants') spent
+  runnable but not running since the step began (``/proc/<pid>/task/<tid>/schedstat``, second field),
+  plus what the thread that started it had waited when it was first seen, and so on up to the executor.
+  One thread alone undercounts: an executor that waited a second before it forked the program, or a
+  shell whose command waited and then sat in ``wait()`` while its child waited in turn (a deep process
+  tree came back ``program_timeout`` with 0.3 s of CPU), each kept the step from its end in sequence.
+  Siblings are never added together (threads that wait side by side are kept from their end at once),
+  and a parent's waits after its child was first seen are not the child's;
 - the CPU its group did not get of what it may use: ``cores`` (its quota, at most the CPUs there are)
   times the wall time, less its group's CPU usage. A sandbox whose threads wait behind each other
   (more threads than its quota, nice or scheduling games among its own) used its whole share: this
@@ -18,6 +24,13 @@ Kept-off time is the smaller of two readings, so that neither the program nor it
   quota (``sched_setaffinity`` is refused in every sandbox), which is how a red team once made its own
   waits count.
 Sleeping is not waiting: a program that sleeps past its limit is timed out at its limit.
+
+Where the executor runs the program in a child (an ``exec``: a compiled binary, a shell, a container's
+command, or a one-shot whose files are fetched), the program's time begins when that child was forked
+(the kernel's start time of the executor's first child, ``first_child_start``): what came before was the
+executor's set-up (a container's image mounted, the step's files staged), blocked in the kernel as often
+as waiting for a CPU, and none of it the program's. The executor is the sandbox's pid 1 and reaps only that
+child: when it ends the step ends, so no later process can stand in for it.
 
 Where a runner cannot count its sandbox's waits (a browser's renderers are Chromium's, shared by every
 session, and its pages are the operator's, not the program's), ``CpuPressure`` reads the kernel's
@@ -41,6 +54,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
+
+from sandboxd.errors import NodePressure
 
 STARVED_MIN_S = 0.02  # own time this close to the limit is the limit (scheduling noise, clock reads)
 MAX_TASKS = 4096  # threads read per check: a sandbox holds at most its pids limit of them
@@ -110,6 +125,15 @@ def decide(limit_s: float, elapsed_s: float, kept_s: float, cap_s: float) -> Dec
     return Decision("more", own, min(room, left))
 
 
+def starved_error(what: str, kept_s: float, wall_s: float) -> NodePressure:
+    """The node's failure for a step whose wall cap came first (``what``: "the program", "the statement")."""
+    return NodePressure(
+        f"{what} was kept from running (behind other sandboxes on the CPU, or while its sandbox was set up) for "
+        f"{kept_s:.1f} s of the {wall_s:.1f} s it was given (its limit times the worker's density, every kind's); "
+        "it did not use its own time limit"
+    )
+
+
 def ended_late(limit_s: float, elapsed_s: float, kept_s: float) -> bool:
     """A step whose end was seen past its deadline (the loop that keeps it was late, or its last extension
     ran out as it ended): past its own time at its end, it is the program's timeout, not a success."""
@@ -125,27 +149,86 @@ def usable_cores(cores: float) -> float:
     return min(cores, float(cpus))
 
 
-def tree_waits_s(pid: int) -> dict[int, float]:
-    """Seconds each thread of ``pid`` and of its descendants spent runnable but not running, by thread id
-    (empty when it is gone). Read only at a step's deadline, never on every step."""
-    out: dict[int, float] = {}
-    stack = [pid]
+def tree_waits_s(pid: int) -> list[tuple[int, float, int]]:
+    """Each thread of ``pid`` and of its descendants: its id, the seconds it spent runnable but not running,
+    and the thread that started it (``pid`` itself for ``pid``), parents before their children (empty when
+    it is gone). Read only at a step's deadline, never on every step."""
+    out: list[tuple[int, float, int]] = []
+    stack = [(pid, pid)]  # (process, the thread that started it)
     while stack and len(out) < MAX_TASKS:
-        proc = stack.pop()
+        proc, parent = stack.pop()
         try:
-            tids = os.listdir(f"/proc/{proc}/task")
-        except OSError:
+            tids = sorted(int(t) for t in os.listdir(f"/proc/{proc}/task"))
+        except (OSError, ValueError):
             continue
         for tid in tids:
             base = f"/proc/{proc}/task/{tid}"
             try:
                 with open(f"{base}/schedstat", "rb") as f:
-                    out[int(tid)] = int(f.read().split()[1]) / 1e9
+                    wait = int(f.read().split()[1]) / 1e9
                 with open(f"{base}/children", "rb") as f:
-                    stack.extend(int(c) for c in f.read().split())
+                    stack.extend((int(c), tid) for c in f.read().split())
             except (OSError, ValueError, IndexError):
                 continue
+            # A process's other threads were started by one of its own; its main thread stands for them.
+            out.append((tid, wait, parent if tid == proc else proc))
     return out
+
+
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def first_child_start(pid: int) -> float | None:
+    """When ``pid``'s first child still running was forked, on ``CLOCK_BOOTTIME`` (a process's start time
+    in ``/proc/<pid>/stat``, in clock ticks since boot); None when it has none."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            children = f.read().split()
+    except OSError:
+        return None
+    starts = []
+    for child in children:
+        try:
+            with open(b"/proc/%s/stat" % child, "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after the command, which may hold anything
+            starts.append(int(fields[19]) * _TICK_S)  # the stat file's 22nd field; this list starts at its 3rd
+        except (OSError, ValueError, IndexError):
+            continue
+    return min(starts, default=None)
+
+
+class Waits:
+    """A step's longest chain of waits (the module's docstring): each thread's own waits since the step
+    began, on top of its starter's chain as it was when the thread was first seen."""
+
+    def __init__(
+        self, pid: int, read: Callable[[int], list[tuple[int, float, int]]] = tree_waits_s, root: bool = True
+    ) -> None:
+        """``root``: whether ``pid``'s own waits count (not when the program is its child, and its waits
+        before the fork are set-up: ``Starvation``'s ``pre``)."""
+        self.pid = pid
+        self._read = read
+        self._root = root
+        self._at_start = {tid: wait for tid, wait, _ in read(pid)}  # threads already there
+        self._base: dict[int, float] = {}  # a later thread's starter's chain when it was first seen
+
+    def longest_s(self) -> float:
+        chain: dict[int, float] = {}
+        longest = 0.0
+        for tid, wait, parent in self._read(self.pid):
+            if tid == self.pid and not self._root:
+                chain[tid] = 0.0
+                continue
+            if tid in self._at_start:
+                c = wait - self._at_start[tid]
+            else:
+                base = self._base.get(tid)
+                if base is None:
+                    base = self._base[tid] = chain.get(parent, 0.0)
+                c = base + wait
+            chain[tid] = c
+            longest = max(longest, c)
+        return longest
 
 
 class Starvation:
@@ -159,10 +242,12 @@ class Starvation:
         cores: float,
         wall_cap_s: float,
         cap_now: Callable[[], float] | None = None,
+        program_in_child: bool = False,
     ) -> None:
         """``usage_s``: the sandbox group's CPU seconds so far; ``cores``: what it may use (``usable_cores``);
         ``cap_now``: the wall cap the worker's density allows at a check (the cap only grows: the densest
-        moment a step saw counts). The threads' waits are read now, as the request goes out: a one-shot's
+        moment a step saw counts); ``program_in_child``: the executor runs the program in a child (the
+        module's docstring). The threads' waits are read now, as the request goes out: a one-shot's
         executor was prepared before (on a busy machine its set-up waited hundreds of ms), and what it waited
         then is not time this step was kept from."""
         self.pid = pid
@@ -172,28 +257,43 @@ class Starvation:
         self._cap_now = cap_now
         self._usage = usage_s
         self._t0 = time.monotonic()
+        self._boot0 = time.clock_gettime(time.CLOCK_BOOTTIME)  # the same moment on the kernel's start-time clock
         self._usage0 = usage_s()
-        self._waits0 = tree_waits_s(pid)
-        self.kept_s = 0.0  # time it was kept off the CPU, as of the last check
+        self._waits = Waits(pid, root=not program_in_child)
+        self._in_child = program_in_child
+        self._pre: float | None = None if program_in_child else 0.0  # seconds before the program began
+        self.kept_s = 0.0  # time it was kept off the CPU (or before its program began), as of the last check
         self.starved = False
 
     def more_s(self) -> float:
         """More wall time for the step now; 0 when its own time is up (the program's timeout) or when the
         wall cap came first (``starved``: the node's)."""
-        elapsed = time.monotonic() - self._t0
-        deficit = max(0.0, self.cores * elapsed - (self._usage() - self._usage0))
-        waits = tree_waits_s(self.pid) if deficit >= STARVED_MIN_S else {}
-        longest = max((w - self._waits0.get(tid, 0.0) for tid, w in waits.items()), default=0.0)
-        self.kept_s = max(0.0, min(longest, deficit))
+        elapsed = self.read()
         if self._cap_now is not None:
             self.wall_cap_s = max(self.wall_cap_s, self._cap_now())
         d = decide(self.limit_s, elapsed, self.kept_s, self.wall_cap_s)
         self.starved = d.outcome == "starved"
         return d.more_s
 
+    def read(self) -> float:
+        """The wall time so far; ``kept_s`` read again (a session's cell that ended: its kernel is still there)."""
+        elapsed = time.monotonic() - self._t0
+        if self._pre is None:
+            start = first_child_start(self.pid)
+            if start is not None:  # seen once, kept: the first child is the program, as long as the step runs
+                self._pre = min(max(0.0, start - self._boot0), elapsed)
+        if self._pre is None:
+            self.kept_s = elapsed  # its program has not begun: all of it was set-up
+        else:
+            # The set-up's CPU is in the group's usage too: the deficit since the program began is at most this.
+            deficit = max(0.0, self.cores * (elapsed - self._pre) - (self._usage() - self._usage0))
+            longest = self._waits.longest_s() if deficit >= STARVED_MIN_S else 0.0
+            self.kept_s = self._pre + max(0.0, min(longest, deficit))
+        return elapsed
+
     def ended_late(self, elapsed_s: float) -> bool:
         """The step ended ``elapsed_s`` after it began, past its deadline: past its own time then
-        (``ended_late``, with the time it was kept from as last read: the process is gone)?"""
+        (``ended_late``, with the time it was kept from as last read: a one-shot's processes are gone)?"""
         return ended_late(self.limit_s, elapsed_s, self.kept_s)
 
 

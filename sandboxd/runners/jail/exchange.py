@@ -207,7 +207,7 @@ async def introduction(sock: socket.socket, max_bytes: int) -> tuple[dict[str, A
 CHANNEL_CLOSED_GRACE_S = 1.0  # a session channel at EOF: how long its executor's exit report may lag
 STAGE_FAILED = 125  # a one-shot executor's status when the step's files could not be written (it said why)
 HARNESS_FRAME_TIMEOUT_S = 2.0  # the executor has exited: its last frame is already in the socket
-# A one-shot's first look at its own time comes this share of its limit (at most EARLY_LOOK_MAX_S) before the
+# A step's first look at its own time comes this share of its limit (at most EARLY_LOOK_MAX_S) before the
 # limit: a busy worker's loop can see the end of a program it kept waiting before its deadline's wake-up, and a
 # late end is judged on the time it was kept from as of the last look (``_judge_late_end``), never on none.
 EARLY_LOOK_SHARE, EARLY_LOOK_MAX_S = 0.2, 1.0
@@ -339,7 +339,7 @@ class _Exchange:
         waiter = self.waiter
         start = loop.time()
         deadline = start + req.timeout_s
-        if self.starvation is not None and not req.session:
+        if self.starvation is not None:
             deadline -= min(req.timeout_s * EARLY_LOOK_SHARE, EARLY_LOOK_MAX_S)
         interrupted = False
         while True:
@@ -397,6 +397,8 @@ class _Exchange:
         if elapsed <= given_s + STARVED_MIN_S:
             return  # it ended in time; this loop saw it late
         s = self.starvation
+        if s is not None and self.req.session:
+            s.read()  # a cell's kernel outlives it: what it was kept from, up to now
         if s.ended_late(elapsed) if s is not None else elapsed > self.req.timeout_s + STARVED_MIN_S:
             self.timed_out = True
 

@@ -24,7 +24,7 @@ from sandboxd.runners.jail.exchange import Executor, Output, StepRequest, run_st
 from sandboxd.runners.jail.jail import Jail
 from sandboxd.runners.jail.jailside import wire
 from sandboxd.runners.jail.models import ExecutionObservation
-from sandboxd.runners.starvation import Density, Starvation, usable_cores, wall_cap_s
+from sandboxd.runners.starvation import Density, Starvation, starved_error, usable_cores, wall_cap_s
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,10 @@ class Executions:
             nonlocal patience
             if limits.answer_by is not None:  # never past the caller's own patience: the node's failure before it
                 patience = limits.answer_by - time.monotonic()
-            return Starvation(executor.host_pid, timeout_s, cg.cpu_usage_s, self._cores, cap_now(), cap_now)
+            return Starvation(executor.host_pid, timeout_s, cg.cpu_usage_s, self._cores, cap_now(), cap_now, in_child)
+
+        # The executor runs the program in a child (executor.run_and_fetch) for an exec and for fetched files.
+        in_child = not session and (isinstance(header.get("exec"), dict) or bool(header.get("fetch")))
 
         with density.step(self.cfg.cpu_cores):
             request = StepRequest(header, body, timeout_s, cap, kill_at, session, grace, account)
@@ -215,11 +218,7 @@ class Executions:
         limits_hit: list[str] = []
         if r.get("starved"):
             self.stats["node_pressure"] += 1
-            raise NodePressure(
-                f"the program was kept off the CPU by other sandboxes for {r['kept_s']:.1f} s of the "
-                f"{r['wall_s']:.1f} s it was given (its limit times the worker's density, every kind's); it did "
-                "not use its own time limit"
-            )
+            raise starved_error("the program", r["kept_s"], r["wall_s"])
         kill = memory_kill(before, after)
         if kill == "own":
             limits_hit.append("memory")

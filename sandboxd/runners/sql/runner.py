@@ -34,7 +34,7 @@ from sandboxd.runners.sql import data
 from sandboxd.runners.sql.config import DUCKDB_HEADROOM_MB, SQLRunnerConfig
 from sandboxd.runners.sql.engines import Engine, EngineGone, EngineHost
 from sandboxd.runners.sql.models import SQLAction, SQLObservation
-from sandboxd.runners.starvation import usable_cores, wall_cap_s
+from sandboxd.runners.starvation import starved_error, usable_cores, wall_cap_s
 
 ANSWER_MARGIN_S = 2.0  # past timeout + grace, an engine that has not answered is killed by the worker
 REFILL_BACKOFF_S = 1.0
@@ -163,11 +163,7 @@ class SQLRunner:
             watch.cancel()
         if answer.get("starved"):
             self.stats["node_pressure"] += 1
-            raise NodePressure(
-                f"the statement was kept off the CPU by other sandboxes for {answer['kept_s']:.1f} s of the "
-                f"{answer['wall_s']:.1f} s it was given (its limit times the worker's density, every kind's); it "
-                "did not use its own time limit"
-            )
+            raise starved_error("the statement", answer["kept_s"], answer["wall_s"])
         engine.recycle = bool(answer.get("recycle"))
         if answer.get("stuck"):  # the engine ends itself after this answer
             self.stats["interrupted"] += 1
