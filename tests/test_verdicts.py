@@ -46,6 +46,9 @@ def node() -> Iterator[str]:
         api_keys=json.dumps([KEY_A, KEY_B]),
         python__slots_per_worker=SLOTS,
         python__warm_templates=False,
+        # Up to 4x the slots, steps queue behind loops given back what the node kept from them (up to their
+        # wall cap): a class is tested, not the queue's patience (30 s: a loop once came back 504 in CI).
+        queue_timeout_s=120,
     ) as base:
         yield base
 
