@@ -260,7 +260,6 @@ class Starvation:
         self._boot0 = time.clock_gettime(time.CLOCK_BOOTTIME)  # the same moment on the kernel's start-time clock
         self._usage0 = usage_s()
         self._waits = Waits(pid, root=not program_in_child)
-        self._in_child = program_in_child
         self._pre: float | None = None if program_in_child else 0.0  # seconds before the program began
         self.kept_s = 0.0  # time it was kept off the CPU (or before its program began), as of the last check
         self.starved = False
