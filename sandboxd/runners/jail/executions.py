@@ -154,14 +154,14 @@ class Executions:
                 return min(timeout_s * self.cfg.wall_factor, patience)
             return wall_cap_s(timeout_s, density.cores_at_once(), patience)
 
+        # The executor runs the program in a child (executor.run_and_fetch) for an exec and for fetched files.
+        in_child = not session and (isinstance(header.get("exec"), dict) or bool(header.get("fetch")))
+
         def account() -> Starvation:
             nonlocal patience
             if limits.answer_by is not None:  # never past the caller's own patience: the node's failure before it
                 patience = limits.answer_by - time.monotonic()
             return Starvation(executor.host_pid, timeout_s, cg.cpu_usage_s, self._cores, cap_now(), cap_now, in_child)
-
-        # The executor runs the program in a child (executor.run_and_fetch) for an exec and for fetched files.
-        in_child = not session and (isinstance(header.get("exec"), dict) or bool(header.get("fetch")))
 
         with density.step(self.cfg.cpu_cores):
             request = StepRequest(header, body, timeout_s, cap, kill_at, session, grace, account)
