@@ -997,21 +997,59 @@ def test_time_given_for_kept_time_never_outruns_the_own_time_left() -> None:
 def test_the_time_a_step_was_kept_from_is_its_longest_chain_of_waits() -> None:
     """An executor that waited before it forked, a shell that waited and then sat in wait() while its child
     waited: their waits add up along the chain; siblings waiting side by side never do."""
-    from sandboxd.runners.starvation import Waits
+    from sandboxd.runners.starvation import Thread, Waits
+
+    look = iter(range(1, 100))
+
+    def at(*threads: tuple[int, float, int]) -> list[Thread]:
+        n = next(look)  # every process used some CPU since the last look: none slept on a timer
+        return [Thread(tid, wait, starter, n, True) for tid, wait, starter in threads]
 
     readings = iter(
         [
-            [(10, 0.5, 10)],  # the step begins: the executor had waited 0.5 s while it was prepared
-            [(10, 1.5, 10), (11, 0.4, 10)],  # it waited 1 s more, then forked the shell, which waited 0.4 s
+            at((10, 0.5, 10)),  # the step begins: the executor had waited 0.5 s while it was prepared
+            at((10, 1.5, 10), (11, 0.4, 10)),  # it waited 1 s more, then forked the shell, which waited 0.4 s
             # The shell sits in wait(); its two children (a pipeline) each waited 2 s, side by side.
-            [(10, 1.5, 10), (11, 0.4, 10), (12, 2.0, 11), (13, 2.0, 11)],
-            [(10, 1.5, 10), (11, 0.4, 10), (12, 2.2, 11), (13, 2.1, 11), (14, 0.3, 13)],
-            [(10, 1.5, 10), (11, 0.4, 10), (12, 2.2, 11), (13, 2.9, 11), (14, 0.3, 13)],
+            at((10, 1.5, 10), (11, 0.4, 10), (12, 2.0, 11), (13, 2.0, 11)),
+            at((10, 1.5, 10), (11, 0.4, 10), (12, 2.2, 11), (13, 2.1, 11), (14, 0.3, 13)),
+            at((10, 1.5, 10), (11, 0.4, 10), (12, 2.2, 11), (13, 2.9, 11), (14, 0.3, 13)),
         ]
     )
-    waits = Waits(10, lambda pid: next(readings))
+    waits = Waits(10, lambda pid: next(readings), timed=lambda tid: True)
     assert waits.longest_s() == pytest.approx(1.0 + 0.4)
     assert waits.longest_s() == pytest.approx(1.4 + 2.0)  # not 1.4 + 4.0: the pipeline waited at once
     assert waits.longest_s() == pytest.approx(1.4 + 2.1 + 0.3)  # 14 on 13's chain as it was when 14 was seen
     # 13 waits on after 14 was seen: its own chain grows, 14's does not.
     assert waits.longest_s() == pytest.approx(1.4 + 2.9)
+
+
+def test_a_sleep_beside_a_starved_spinner_is_not_given_the_spinners_waits() -> None:
+    """A program whose main thread sleeps on a timer from one look to the next ends no sooner for any CPU its
+    spinning thread was kept from then: that interval's waits are not given back. Its main thread blocked
+    in a wait for its threads (a join) is given them."""
+    from sandboxd.runners.starvation import Thread, Waits
+
+    def program(main_cpu: list[int], spinner_wait: list[float], timed: bool) -> list[float]:
+        """What it was kept from at each look: a main thread (10) that used ``main_cpu`` ns, and a spinner
+        thread (11) that waited ``spinner_wait`` s, one look each, its group short of 10 s of CPU."""
+        start = [Thread(10, 0.0, 10, 0, True), Thread(11, 0.0, 10, 0, False)]
+        readings = iter(
+            [start]
+            + [
+                [Thread(10, 0.0, 10, cpu, True), Thread(11, wait, 10, 10**9, False)]
+                for cpu, wait in zip(main_cpu, spinner_wait, strict=True)
+            ]
+        )
+        waits = Waits(10, lambda pid: next(readings), timed=lambda tid: timed and tid == 10)
+        return [waits.kept_s(10.0) for _ in main_cpu]
+
+    # The main thread started the spinner, then slept on through the second and third looks.
+    asleep = program([5_000_000, 5_000_000, 5_000_000], [0.0, 0.0, 0.0], timed=True)
+    assert asleep == [0.0, 0.0, 0.0]  # nothing waited yet
+    with_spinner = program([5_000_000, 5_000_000, 5_000_000], [0.5, 1.2, 1.9], timed=True)
+    assert with_spinner[0] == pytest.approx(0.5)  # it ran between the start and the first look
+    assert with_spinner[1:] == pytest.approx([0.5, 0.5])  # then slept on: nothing more given
+    joined = program([5_000_000, 5_000_000, 5_000_000], [0.5, 1.2, 1.9], timed=False)
+    assert joined[2] > 1.5  # in a join (no timer): the spinner's chain is the program's
+    busy = program([5_000_000, 6_000_000, 7_000_000], [0.5, 1.2, 1.9], timed=True)
+    assert busy[2] > 1.5  # it ran between the looks (a poll loop): not one sleep

@@ -23,7 +23,12 @@ Kept-off time is the smaller of two readings, so that neither the program nor it
   bound is 0, and so is what it is given back. A program cannot pin its threads to fewer CPUs than its
   quota (``sched_setaffinity`` is refused in every sandbox), which is how a red team once made its own
   waits count.
-Sleeping is not waiting: a program that sleeps past its limit is timed out at its limit.
+Sleeping is not waiting: a program that sleeps past its limit is timed out at its limit. Nor is a sleep
+beside a spinner: a program whose process slept on a timer from one look to the next (``TimedSleeps``:
+its main thread used no CPU between the two and sits in a timed sleep at the second) ends no sooner
+for any CPU it was given then, so whatever it was kept from in that interval is not given back. A
+spinning thread or process beside a long sleep was once credited its waits on a loaded node, and the
+sleep came back a success past its limit.
 
 Where the executor runs the program in a child (an ``exec``: a compiled binary, a shell, a container's
 command, or a one-shot whose files are fetched), the program's time begins when that child was forked
@@ -50,10 +55,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import platform
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from sandboxd.errors import NodePressure
 
@@ -149,11 +155,21 @@ def usable_cores(cores: float) -> float:
     return min(cores, float(cpus))
 
 
-def tree_waits_s(pid: int) -> list[tuple[int, float, int]]:
-    """Each thread of ``pid`` and of its descendants: its id, the seconds it spent runnable but not running,
-    and the thread that started it (``pid`` itself for ``pid``), parents before their children (empty when
-    it is gone). Read only at a step's deadline, never on every step."""
-    out: list[tuple[int, float, int]] = []
+class Thread(NamedTuple):
+    """One thread as a look reads it: its id, the seconds it spent runnable but not running, the thread that
+    started it, the CPU it used (ns), and whether it is its process's main thread."""
+
+    tid: int
+    wait_s: float
+    starter: int
+    cpu_ns: int
+    main: bool
+
+
+def tree_waits_s(pid: int) -> list[Thread]:
+    """Each thread of ``pid`` and of its descendants (``pid`` started itself), parents before their children
+    (empty when it is gone). Read only at a step's deadline, never on every step."""
+    out: list[Thread] = []
     stack = [(pid, pid)]  # (process, the thread that started it)
     while stack and len(out) < MAX_TASKS:
         proc, parent = stack.pop()
@@ -165,14 +181,70 @@ def tree_waits_s(pid: int) -> list[tuple[int, float, int]]:
             base = f"/proc/{proc}/task/{tid}"
             try:
                 with open(f"{base}/schedstat", "rb") as f:
-                    wait = int(f.read().split()[1]) / 1e9
+                    cpu, wait = f.read().split()[:2]
                 with open(f"{base}/children", "rb") as f:
                     stack.extend((int(c), tid) for c in f.read().split())
             except (OSError, ValueError, IndexError):
                 continue
             # A process's other threads were started by one of its own; its main thread stands for them.
-            out.append((tid, wait, parent if tid == proc else proc))
+            main = tid == proc
+            out.append(Thread(tid, int(wait) / 1e9, parent if main else proc, int(cpu), main))
     return out
+
+
+# The system calls that sleep on a timer, by machine: number -> (the argument that holds the timeout, how it
+# says there is one: "always", "ptr" non-null, "ms" a timeout of 0 ms or more). A futex waits on a timer
+# only for its WAIT operations, with a timeout pointer (``_FUTEX``).
+_TIMED_CALLS: dict[str, dict[int, tuple[int, str]]] = {
+    "x86_64": {
+        35: (0, "always"),  # nanosleep
+        230: (0, "always"),  # clock_nanosleep
+        23: (4, "ptr"),  # select
+        270: (4, "ptr"),  # pselect6
+        7: (2, "ms"),  # poll
+        271: (2, "ptr"),  # ppoll
+        232: (3, "ms"),  # epoll_wait
+        281: (3, "ms"),  # epoll_pwait
+        441: (3, "ptr"),  # epoll_pwait2
+        128: (2, "ptr"),  # rt_sigtimedwait
+        449: (3, "ptr"),  # futex_waitv
+    },
+    "aarch64": {
+        101: (0, "always"),  # nanosleep
+        115: (0, "always"),  # clock_nanosleep
+        72: (4, "ptr"),  # pselect6
+        73: (2, "ptr"),  # ppoll
+        22: (3, "ms"),  # epoll_pwait
+        441: (3, "ptr"),  # epoll_pwait2
+        137: (2, "ptr"),  # rt_sigtimedwait
+        449: (3, "ptr"),  # futex_waitv
+    },
+}
+_FUTEX = {"x86_64": 202, "aarch64": 98}
+_FUTEX_WAITS = {0, 9}  # FUTEX_WAIT, FUTEX_WAIT_BITSET (the command, without the private and clock flags)
+
+
+def in_timed_sleep(tid: int, machine: str = platform.machine()) -> bool:
+    """Whether ``tid`` is blocked in a system call that ends on a timer (``/proc/<tid>/syscall``: the call's
+    number and arguments while it is blocked). False when it cannot be read (no ``CAP_SYS_PTRACE`` over the
+    sandbox, as on a node run with a capability list): a program is then given back what it was kept
+    from, as before this was read."""
+    try:
+        with open(f"/proc/{tid}/syscall", "rb") as f:
+            fields = f.read().split()
+        nr, args = int(fields[0]), [int(a, 16) for a in fields[1:7]]
+    except (OSError, ValueError, IndexError):
+        return False  # gone, unreadable, or "running"
+    if nr == _FUTEX.get(machine):
+        return args[1] & 0x7F in _FUTEX_WAITS and args[3] != 0
+    arg, how = _TIMED_CALLS.get(machine, {}).get(nr, (-1, ""))
+    if how == "always":
+        return True
+    if how == "ptr":
+        return args[arg] != 0
+    if how == "ms":
+        return (args[arg] & 0xFFFFFFFF) < 0x80000000  # an int: -1 waits without one
+    return False
 
 
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
@@ -199,35 +271,69 @@ def first_child_start(pid: int) -> float | None:
 
 class Waits:
     """A step's longest chain of waits (the module's docstring): each thread's own waits since the step
-    began, on top of its starter's chain as it was when the thread was first seen."""
+    began, on top of its starter's chain as it was when the thread was first seen; and whether one of its
+    processes slept on a timer since the last look (``slept_on_timer``)."""
 
     def __init__(
-        self, pid: int, read: Callable[[int], list[tuple[int, float, int]]] = tree_waits_s, root: bool = True
+        self,
+        pid: int,
+        read: Callable[[int], list[Thread]] = tree_waits_s,
+        root: bool = True,
+        timed: Callable[[int], bool] = in_timed_sleep,
     ) -> None:
-        """``root``: whether ``pid``'s own waits count (not when the program is its child, and its waits
-        before the fork are set-up: ``Starvation``'s ``pre``)."""
+        """``root``: whether ``pid`` is the program (not when the program is its child, and its waits before
+        the fork are set-up: ``Starvation``'s ``pre``); ``timed``: whether a thread sleeps on a timer now."""
         self.pid = pid
         self._read = read
         self._root = root
-        self._at_start = {tid: wait for tid, wait, _ in read(pid)}  # threads already there
+        self._timed = timed
+        first = read(pid)
+        self._at_start = {t.tid: t.wait_s for t in first}  # threads already there
         self._base: dict[int, float] = {}  # a later thread's starter's chain when it was first seen
+        self._cpu = {t.tid: t.cpu_ns for t in first if t.main}  # each process's CPU at the last look
+        self.slept_on_timer = False
+        self._last_s = 0.0  # what ``kept_s`` found at the last look, before forfeits
+        self._forfeit_s = 0.0  # of what it found, what fell in intervals the program slept on a timer
+
+    def kept_s(self, deficit_s: float) -> float:
+        """What the program was kept from: its longest chain, at most ``deficit_s`` (its group's CPU shortfall;
+        below ``STARVED_MIN_S`` it used its share, and its threads are not read), less what it found more in
+        intervals the program slept on a timer (``slept_on_timer``): its end was the timer's, not the CPU's."""
+        if deficit_s < STARVED_MIN_S:
+            self._last_s = 0.0
+            return 0.0
+        kept = min(self.longest_s(), deficit_s)
+        if self.slept_on_timer:
+            self._forfeit_s += max(0.0, kept - self._last_s)
+        self._last_s = kept
+        return max(0.0, kept - self._forfeit_s)
 
     def longest_s(self) -> float:
+        """The longest chain now; ``slept_on_timer`` set for the interval since the last look: a process of
+        the program (its main thread) used no CPU in it and sleeps on a timer now, so that the program's end
+        was put off by that timer, not by any CPU it was kept from then."""
         chain: dict[int, float] = {}
         longest = 0.0
-        for tid, wait, parent in self._read(self.pid):
-            if tid == self.pid and not self._root:
-                chain[tid] = 0.0
+        slept = False
+        cpu: dict[int, int] = {}
+        for t in self._read(self.pid):
+            if t.main:
+                cpu[t.tid] = t.cpu_ns
+            if t.tid == self.pid and not self._root:
+                chain[t.tid] = 0.0
                 continue
-            if tid in self._at_start:
-                c = wait - self._at_start[tid]
+            if t.main and not slept and self._cpu.get(t.tid) == t.cpu_ns:
+                slept = self._timed(t.tid)
+            if t.tid in self._at_start:
+                c = t.wait_s - self._at_start[t.tid]
             else:
-                base = self._base.get(tid)
+                base = self._base.get(t.tid)
                 if base is None:
-                    base = self._base[tid] = chain.get(parent, 0.0)
-                c = base + wait
-            chain[tid] = c
+                    base = self._base[t.tid] = chain.get(t.starter, 0.0)
+                c = base + t.wait_s
+            chain[t.tid] = c
             longest = max(longest, c)
+        self._cpu, self.slept_on_timer = cpu, slept
         return longest
 
 
@@ -286,8 +392,7 @@ class Starvation:
         else:
             # The set-up's CPU is in the group's usage too: the deficit since the program began is at most this.
             deficit = max(0.0, self.cores * (elapsed - self._pre) - (self._usage() - self._usage0))
-            longest = self._waits.longest_s() if deficit >= STARVED_MIN_S else 0.0
-            self.kept_s = self._pre + max(0.0, min(longest, deficit))
+            self.kept_s = self._pre + self._waits.kept_s(deficit)
         return elapsed
 
     def ended_late(self, elapsed_s: float) -> bool:
