@@ -32,7 +32,6 @@ from sandboxd.errors import (
     from_dict,
 )
 from sandboxd.ids import owner_of
-from sandboxd.stores.redis import RedisKV, SessionDirectory, SharedRedis
 
 log = logging.getLogger("sandboxd.cluster")
 
@@ -43,6 +42,8 @@ class NodeCluster:
     def __init__(
         self, settings: NodeSettings, incarnation: str, live: Callable[[], list[tuple[str, str, str, float]]]
     ) -> None:
+        from sandboxd.stores.redis import SessionDirectory, SharedRedis  # only a cluster's (nodes.py)
+
         self.node_id = settings.node_id
         self.incarnation = incarnation
         self.redis = SharedRedis(settings.redis_url, settings.redis_prefix, settings.redis_timeout_s)
@@ -84,6 +85,8 @@ class ClusterView:
     of the service while the registry's entry for its id names another incarnation."""
 
     def __init__(self, settings: NodeSettings, incarnation: str) -> None:
+        from sandboxd.stores.redis import RedisKV, SessionDirectory, SharedRedis  # only a cluster's (nodes.py)
+
         self.node_id = settings.node_id
         self.incarnation = incarnation
         self.redis = SharedRedis(settings.redis_url, settings.redis_prefix, settings.redis_timeout_s)
