@@ -513,6 +513,22 @@ def test_bad_input_is_the_clients_error(node: str) -> None:
                 f"{node}/filesystem.Filesystem/Stat", content=body, headers={**token, "Content-Type": content_type}
             )
             assert r.status_code == 400 and r.json()["code"] == "invalid_argument", r.text
+        # A Connect call without its sandbox's token, refused at the front door or by its service: Connect's
+        # shape, by its code's name (found by a red team: it was ``invalid_argument``, or E2B's ``{"code": 401}``).
+        connect = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
+        for creds in ({}, {"X-Access-Token": "not-its-token"}, {"X-API-Key": KEY_B}):
+            r = httpx.post(
+                f"{node}/process.Process/List",
+                content=b"{}",
+                headers={**connect, **creds, "E2b-Sandbox-Id": sbx.sandbox_id},
+            )
+            assert r.status_code in (401, 503) and isinstance(r.json()["code"], str), (creds, r.text)
+            if r.status_code == 401:
+                assert r.json()["code"] == "unauthenticated", (creds, r.text)
+        assert httpx.post(f"{node}/process.Process/List", content=b"{}", headers=connect).json()["code"] in (
+            "unauthenticated",
+            "not_found",
+        )
         native = httpx.post(f"{node}/sessions", json={"runner": "python"}, headers={"X-API-Key": KEY_A}).json()
         for method, path in (("GET", "/files?path=a"), ("GET", "/health"), ("POST", "/contexts")):
             r = httpx.request(  # the key's own native session is not a sandbox: no data plane of it

@@ -70,6 +70,7 @@ class Surface:
     credentials: frozenset[bytes] = frozenset()
     tenant: TenantRule | None = None
     host: HostRule | None = None
+    render_at: Callable[[SandboxdError, bytes], Response] | None = None  # where a path's shape is not ``render``'s
 
     def has(self, path: bytes) -> bool:
         if path not in self.exact and not (self.prefixes and path.startswith(self.prefixes)):
@@ -109,7 +110,9 @@ class Surfaces:
     def render(self, exc: SandboxdError, path: bytes) -> Response:
         """The answer a route of ``path``'s surface would give for ``exc``."""
         owner = self.owner(path)
-        return owner.render(exc) if owner is not None else native_error(exc)
+        if owner is None:
+            return native_error(exc)
+        return owner.render_at(exc, path) if owner.render_at is not None else owner.render(exc)
 
     def tenant(self, auth: Auth, authorization: str | None, credentials: Mapping[bytes, str], path: bytes) -> str:
         """The tenant of a request's credentials: a surface's own headers by its rule, else ``Authorization``."""

@@ -30,7 +30,7 @@ from sandboxd.api.e2b.envd import connect_apps
 from sandboxd.api.e2b.names import sandbox_in_host
 from sandboxd.api.e2b.paths import CONTROL_PREFIXES, DATA_EXACT, DATA_PREFIXES, is_data_plane, is_e2b
 from sandboxd.api.e2b.sandboxes import Sandboxes
-from sandboxd.api.e2b.shapes import e2b_error
+from sandboxd.api.e2b.shapes import e2b_error, e2b_error_at
 from sandboxd.front.auth import Auth
 from sandboxd.front.gateway import Gateway
 from sandboxd.front.surfaces import Surface
@@ -75,6 +75,7 @@ SURFACE = Surface(
     credentials=frozenset({b"x-api-key", b"x-access-token", b"e2b-traffic-access-token", SANDBOX_ID}),
     tenant=_tenant,
     host=_sandbox_of_host,
+    render_at=e2b_error_at,
 )
 
 

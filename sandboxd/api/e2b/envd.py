@@ -33,6 +33,7 @@ from sandboxd.api.e2b.proto import filesystem_pb as fs
 from sandboxd.api.e2b.proto import process_pb as pr
 from sandboxd.api.e2b.proto.filesystem_connect import Filesystem, FilesystemASGIApplication
 from sandboxd.api.e2b.proto.process_connect import Process, ProcessASGIApplication
+from sandboxd.api.e2b.shapes import CONNECT_CODE_OF_STATUS
 from sandboxd.errors import (
     AlreadyExists,
     BadRequest,
@@ -195,9 +196,10 @@ def connect_error(exc: Exception) -> ConnectError:
             Code.UNAVAILABLE, f"the sandbox is not running: {public_message(exc.message, exc.session_id)}"
         )
     if isinstance(exc, SandboxdError):
-        code = Code.RESOURCE_EXHAUSTED if exc.status == 429 else Code.UNAVAILABLE
         message = public_message(exc.message, exc.session_id)
-        return ConnectError(code if exc.blame != "client" else Code.INVALID_ARGUMENT, message)
+        if exc.status in (401, 403, 429):  # these statuses say more than whose fault it was
+            return ConnectError(Code(CONNECT_CODE_OF_STATUS[exc.status]), message)
+        return ConnectError(Code.UNAVAILABLE if exc.blame != "client" else Code.INVALID_ARGUMENT, message)
     return ConnectError(Code.INTERNAL, f"internal error: {type(exc).__name__}")
 
 

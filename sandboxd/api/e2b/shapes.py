@@ -32,3 +32,33 @@ def data_error(exc: SandboxdError) -> Response:
         body = {"code": 502, "message": f"The sandbox was not found: {public_message(exc.message, exc.session_id)}"}
         return json_response(body, 502)
     return e2b_error(exc)
+
+
+CONNECT_PREFIXES = (b"/process.Process/", b"/filesystem.Filesystem/")
+# A refusal's status as Connect's code (connectrpc.com/docs/protocol, its HTTP mapping read backwards).
+CONNECT_CODE_OF_STATUS = {
+    400: "invalid_argument",
+    401: "unauthenticated",
+    403: "permission_denied",
+    404: "not_found",
+    408: "deadline_exceeded",
+    409: "aborted",
+    413: "resource_exhausted",
+    429: "resource_exhausted",
+    431: "resource_exhausted",
+    501: "unimplemented",
+    502: "unavailable",
+    503: "unavailable",
+    504: "deadline_exceeded",
+}
+
+
+def e2b_error_at(exc: SandboxdError, path: bytes) -> Response:
+    """A refusal before any route ran (no key, too large, at capacity), in the shape of the path's client: on
+    envd's Connect services Connect's own, ``{"code": "<name>", "message": ...}`` (its SDKs read the code by
+    name: ``unauthenticated`` for a call without a token, not ``invalid_argument``), else E2B's."""
+    if not path.startswith(CONNECT_PREFIXES):
+        return e2b_error(exc)
+    code = CONNECT_CODE_OF_STATUS.get(exc.status, "unavailable" if exc.status >= 500 else "invalid_argument")
+    body = {"code": code, "message": public_message(exc.message, exc.session_id)}
+    return json_response(body, exc.status, retry_headers(exc.retry_after_s))
