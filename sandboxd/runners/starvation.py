@@ -271,8 +271,8 @@ def first_child_start(pid: int) -> float | None:
 
 class Waits:
     """A step's longest chain of waits (the module's docstring): each thread's own waits since the step
-    began, on top of its starter's chain as it was when the thread was first seen; and whether one of its
-    processes slept on a timer since the last look (``slept_on_timer``)."""
+    began, on top of its starter's chain as it was when the thread was first seen; less what fell in the
+    time the program slept on a timer (``kept_s``)."""
 
     def __init__(
         self,
@@ -280,6 +280,7 @@ class Waits:
         read: Callable[[int], list[Thread]] = tree_waits_s,
         root: bool = True,
         timed: Callable[[int], bool] = in_timed_sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``root``: whether ``pid`` is the program (not when the program is its child, and its waits before
         the fork are set-up: ``Starvation``'s ``pre``); ``timed``: whether a thread sleeps on a timer now."""
@@ -287,43 +288,53 @@ class Waits:
         self._read = read
         self._root = root
         self._timed = timed
+        self._clock = clock
+        self._t = clock()
         first = read(pid)
         self._at_start = {t.tid: t.wait_s for t in first}  # threads already there
         self._base: dict[int, float] = {}  # a later thread's starter's chain when it was first seen
-        self._cpu = {t.tid: t.cpu_ns for t in first if t.main}  # each process's CPU at the last look
-        self.slept_on_timer = False
+        self._chain: dict[int, float] = {t.tid: 0.0 for t in first}  # each thread's chain at the last look
+        self._main = {t.tid: (t.cpu_ns, t.wait_s) for t in first if t.main}  # a process's CPU and waits then
         self._last_s = 0.0  # what ``kept_s`` found at the last look, before forfeits
-        self._forfeit_s = 0.0  # of what it found, what fell in intervals the program slept on a timer
+        self._forfeit_s = 0.0  # of what it found, what fell in the time the program slept on a timer
+        self.asleep = 0.0  # the share of the interval since the last look a process slept, asleep on a timer now
+        self._allowed_s = 0.0  # and what its end could have waited for meanwhile: its own and its children's
 
     def kept_s(self, deficit_s: float) -> float:
         """What the program was kept from: its longest chain, at most ``deficit_s`` (its group's CPU shortfall;
-        below ``STARVED_MIN_S`` it used its share, and its threads are not read), less what it found more in
-        intervals the program slept on a timer (``slept_on_timer``): its end was the timer's, not the CPU's."""
+        below ``STARVED_MIN_S`` it used its share, and its threads are not read). Where a process of the
+        program sleeps on a timer at a look, what the chains grew by since the last one is given back only
+        for the share of it that process was awake (or as much as its own chain and its child processes'
+        grew: what it may have waited on); its end was the timer's, not the CPU's, for the rest. A spinning
+        thread beside a long sleep was once credited its waits, and the sleep came back a success."""
         if deficit_s < STARVED_MIN_S:
             self._last_s = 0.0
             return 0.0
         kept = min(self.longest_s(), deficit_s)
-        if self.slept_on_timer:
-            self._forfeit_s += max(0.0, kept - self._last_s)
+        growth = max(0.0, kept - self._last_s)
+        if self.asleep > 0.0:
+            allowed = max(min(self._allowed_s, growth), growth * (1.0 - self.asleep))
+            self._forfeit_s += growth - allowed
         self._last_s = kept
         return max(0.0, kept - self._forfeit_s)
 
     def longest_s(self) -> float:
-        """The longest chain now; ``slept_on_timer`` set for the interval since the last look: a process of
-        the program (its main thread) used no CPU in it and sleeps on a timer now, so that the program's end
-        was put off by that timer, not by any CPU it was kept from then."""
+        """The longest chain now; ``asleep`` and what the sleeper may have waited for set for the interval since
+        the last look."""
+        now = self._clock()
+        interval, self._t = max(now - self._t, 1e-6), now
         chain: dict[int, float] = {}
+        lineage: dict[int, tuple[int, ...]] = {}  # a thread's process and the processes that started it
         longest = 0.0
-        slept = False
-        cpu: dict[int, int] = {}
-        for t in self._read(self.pid):
+        threads = self._read(self.pid)
+        for t in threads:  # parents before their children
             if t.main:
-                cpu[t.tid] = t.cpu_ns
+                lineage[t.tid] = (*lineage.get(t.starter, ()), t.tid) if t.tid != t.starter else (t.tid,)
+            else:
+                lineage[t.tid] = lineage.get(t.starter, (t.starter,))
             if t.tid == self.pid and not self._root:
                 chain[t.tid] = 0.0
                 continue
-            if t.main and not slept and self._cpu.get(t.tid) == t.cpu_ns:
-                slept = self._timed(t.tid)
             if t.tid in self._at_start:
                 c = t.wait_s - self._at_start[t.tid]
             else:
@@ -333,7 +344,23 @@ class Waits:
                 c = base + t.wait_s
             chain[t.tid] = c
             longest = max(longest, c)
-        self._cpu, self.slept_on_timer = cpu, slept
+        self.asleep, self._allowed_s = 0.0, 0.0
+        for t in threads:
+            if not t.main or (t.tid == self.pid and not self._root):
+                continue
+            cpu0, wait0 = self._main.get(t.tid, (0, 0.0))
+            share = (interval - (t.cpu_ns - cpu0) / 1e9 - (t.wait_s - wait0)) / interval  # asleep or blocked
+            if share > self.asleep and self._timed(t.tid):
+                self.asleep = min(1.0, share)
+                # What its end may have waited for: its own waits, and its child processes' (a poll of a child
+                # in naps, as subprocess.run(timeout=) does); never its own process's other threads'.
+                self._allowed_s = max(
+                    chain[u.tid] - self._chain.get(u.tid, self._base.get(u.tid, 0.0))
+                    for u in threads
+                    if u.tid in chain and (u.tid == t.tid or (t.tid in lineage[u.tid] and lineage[u.tid][-1] != t.tid))
+                )
+        self._main = {t.tid: (t.cpu_ns, t.wait_s) for t in threads if t.main}
+        self._chain = chain
         return longest
 
 
