@@ -24,11 +24,12 @@ Kept-off time is the smaller of two readings, so that neither the program nor it
   quota (``sched_setaffinity`` is refused in every sandbox), which is how a red team once made its own
   waits count.
 Sleeping is not waiting: a program that sleeps past its limit is timed out at its limit. Nor is a sleep
-beside a spinner: a program whose process slept on a timer from one look to the next (``TimedSleeps``:
-its main thread used no CPU between the two and sits in a timed sleep at the second) ends no sooner
-for any CPU it was given then, so whatever it was kept from in that interval is not given back. A
-spinning thread or process beside a long sleep was once credited its waits on a loaded node, and the
-sleep came back a success past its limit.
+beside a spinner: where a process of the program sleeps on a timer at a look (``in_timed_sleep``), what
+the chains grew by since the last look is given back only for the share of that interval it was awake
+(its CPU and waits, ``schedstat``), or as much as its own chain and its child processes' grew (what its
+end may have waited on); its own process's other threads ended nothing sooner for it (``Waits.kept_s``).
+A spinning thread beside a sleep, long or just past the limit, in one call or in naps, was once credited
+its waits on a loaded node, and the sleep came back a success.
 
 Where the executor runs the program in a child (an ``exec``: a compiled binary, a shell, a container's
 command, or a one-shot whose files are fetched), the program's time begins when that child was forked
