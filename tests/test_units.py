@@ -1069,3 +1069,33 @@ def test_a_sleep_beside_a_starved_spinner_is_not_given_the_spinners_waits() -> N
         [Thread(10, 0.0, 10, 6 * ms, True), Thread(12, 1.0, 10, 400 * ms, True)],
     ]
     assert kept(poller, timed={10}) == pytest.approx([0.5, 1.0])
+
+
+def test_only_a_call_that_only_sleeps_is_a_sleep_on_a_timer() -> None:
+    """``time.sleep`` (clock_nanosleep) is; a wait that merely carries a timeout (a join, ``Event.wait(t)``: a
+    futex) is not, nor a process that runs: an honest program waits on its own threads that way."""
+    import subprocess
+    import sys
+    import time
+
+    from sandboxd.runners.starvation import in_timed_sleep
+
+    programs = {
+        "import time; time.sleep(30)": True,
+        "import threading; threading.Event().wait(30)": False,
+        "while True: pass": False,
+    }
+    procs = {code: subprocess.Popen([sys.executable, "-c", code]) for code in programs}
+    try:
+        deadline = time.monotonic() + 20
+        got: dict[str, bool] = {}
+        while time.monotonic() < deadline:  # until each has started and reached its call
+            got = {code: in_timed_sleep(p.pid) for code, p in procs.items()}
+            if got == programs:
+                break
+            time.sleep(0.1)
+        assert got == programs
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()

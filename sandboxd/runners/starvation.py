@@ -193,59 +193,26 @@ def tree_waits_s(pid: int) -> list[Thread]:
     return out
 
 
-# The system calls that sleep on a timer, by machine: number -> (the argument that holds the timeout, how it
-# says there is one: "always", "ptr" non-null, "ms" a timeout of 0 ms or more). A futex waits on a timer
-# only for its WAIT operations, with a timeout pointer (``_FUTEX``).
-_TIMED_CALLS: dict[str, dict[int, tuple[int, str]]] = {
-    "x86_64": {
-        35: (0, "always"),  # nanosleep
-        230: (0, "always"),  # clock_nanosleep
-        23: (4, "ptr"),  # select
-        270: (4, "ptr"),  # pselect6
-        7: (2, "ms"),  # poll
-        271: (2, "ptr"),  # ppoll
-        232: (3, "ms"),  # epoll_wait
-        281: (3, "ms"),  # epoll_pwait
-        441: (3, "ptr"),  # epoll_pwait2
-        128: (2, "ptr"),  # rt_sigtimedwait
-        449: (3, "ptr"),  # futex_waitv
-    },
-    "aarch64": {
-        101: (0, "always"),  # nanosleep
-        115: (0, "always"),  # clock_nanosleep
-        72: (4, "ptr"),  # pselect6
-        73: (2, "ptr"),  # ppoll
-        22: (3, "ms"),  # epoll_pwait
-        441: (3, "ptr"),  # epoll_pwait2
-        137: (2, "ptr"),  # rt_sigtimedwait
-        449: (3, "ptr"),  # futex_waitv
-    },
-}
-_FUTEX = {"x86_64": 202, "aarch64": 98}
-_FUTEX_WAITS = {0, 9}  # FUTEX_WAIT, FUTEX_WAIT_BITSET (the command, without the private and clock flags)
+# The system calls that only sleep, by machine: nanosleep and clock_nanosleep (``time.sleep``, ``sleep``,
+# ``std::this_thread::sleep_for``, ``usleep``). Waits that merely carry a timeout are not among them: a join,
+# ``future.result(timeout=)`` or ``queue.get(timeout=)`` is a futex with one, an event loop's ``epoll_wait``
+# has one, and a Go program's main thread parks in either while its goroutines run on its other threads:
+# counted as sleeps, an honest program that waits on its own threads that way, starved by the node, would
+# lose what its threads were kept from and be blamed for the node's load.
+_SLEEPS = {"x86_64": frozenset({35, 230}), "aarch64": frozenset({101, 115})}
 
 
 def in_timed_sleep(tid: int, machine: str = platform.machine()) -> bool:
-    """Whether ``tid`` is blocked in a system call that ends on a timer (``/proc/<tid>/syscall``: the call's
-    number and arguments while it is blocked). False when it cannot be read (no ``CAP_SYS_PTRACE`` over the
-    sandbox, as on a node run with a capability list): a program is then given back what it was kept
-    from, as before this was read."""
+    """Whether ``tid`` is asleep in a call that only sleeps (``_SLEEPS``; ``/proc/<tid>/syscall``: the call's
+    number while it is blocked). False when it cannot be read (no ``CAP_SYS_PTRACE`` over the sandbox, as on
+    a node run with a capability list): a program is then given back what it was kept from, as before this
+    was read."""
     try:
         with open(f"/proc/{tid}/syscall", "rb") as f:
-            fields = f.read().split()
-        nr, args = int(fields[0]), [int(a, 16) for a in fields[1:7]]
+            nr = int(f.read().split(maxsplit=1)[0])
     except (OSError, ValueError, IndexError):
         return False  # gone, unreadable, or "running"
-    if nr == _FUTEX.get(machine):
-        return args[1] & 0x7F in _FUTEX_WAITS and args[3] != 0
-    arg, how = _TIMED_CALLS.get(machine, {}).get(nr, (-1, ""))
-    if how == "always":
-        return True
-    if how == "ptr":
-        return args[arg] != 0
-    if how == "ms":
-        return (args[arg] & 0xFFFFFFFF) < 0x80000000  # an int: -1 waits without one
-    return False
+    return nr in _SLEEPS.get(machine, frozenset())
 
 
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
