@@ -204,9 +204,9 @@ _SLEEPS = {"x86_64": frozenset({35, 230}), "aarch64": frozenset({101, 115})}
 
 def in_timed_sleep(tid: int, machine: str = platform.machine()) -> bool:
     """Whether ``tid`` is asleep in a call that only sleeps (``_SLEEPS``; ``/proc/<tid>/syscall``: the call's
-    number while it is blocked). False when it cannot be read (no ``CAP_SYS_PTRACE`` over the sandbox, as on
-    a node run with a capability list): a program is then given back what it was kept from, as before this
-    was read."""
+    number while it is blocked). False when it cannot be read (a node without ``CAP_SYS_PTRACE``: the chart
+    grants it, docs/deploy.md): a program is then given back what it was kept from, as before this was
+    read."""
     try:
         with open(f"/proc/{tid}/syscall", "rb") as f:
             nr = int(f.read().split(maxsplit=1)[0])

@@ -172,7 +172,7 @@ containers:
       allowPrivilegeEscalation: true
       capabilities:
         drop: ["ALL"]
-        add: ["SYS_ADMIN", "SETUID", "SETGID", "KILL", "NET_ADMIN", "CHOWN", "DAC_OVERRIDE", "FOWNER", "SETPCAP", "SYS_RESOURCE"]
+        add: ["SYS_ADMIN", "SETUID", "SETGID", "KILL", "NET_ADMIN", "CHOWN", "DAC_OVERRIDE", "FOWNER", "SETPCAP", "SYS_RESOURCE", "SYS_PTRACE"]
       seccompProfile:
         type: Unconfined
       appArmorProfile:
