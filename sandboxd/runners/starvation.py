@@ -312,21 +312,23 @@ class Waits:
                 c = base + t.wait_s
             chain[t.tid] = c
             longest = max(longest, c)
-        self.asleep, self._allowed_s = 0.0, 0.0
+        self.asleep, self._allowed_s, sleeper = 0.0, 0.0, None
         for t in threads:
             if not t.main or (t.tid == self.pid and not self._root):
                 continue
             cpu0, wait0 = self._main.get(t.tid, (0, 0.0))
             share = (interval - (t.cpu_ns - cpu0) / 1e9 - (t.wait_s - wait0)) / interval  # asleep or blocked
             if share > self.asleep and self._timed(t.tid):
-                self.asleep = min(1.0, share)
-                # What its end may have waited for: its own waits, and its child processes' (a poll of a child
-                # in naps, as subprocess.run(timeout=) does); never its own process's other threads'.
-                self._allowed_s = max(
-                    chain[u.tid] - self._chain.get(u.tid, self._base.get(u.tid, 0.0))
-                    for u in threads
-                    if u.tid in chain and (u.tid == t.tid or (t.tid in lineage[u.tid] and lineage[u.tid][-1] != t.tid))
-                )
+                self.asleep, sleeper = min(1.0, share), t.tid
+        if sleeper is not None:
+            # What its end may have waited for: its own waits, and its child processes' (a poll of a child in
+            # naps, as subprocess.run(timeout=) does); never its own process's other threads'.
+            self._allowed_s = max(
+                chain[u.tid] - self._chain.get(u.tid, self._base.get(u.tid, 0.0))
+                for u in threads
+                if u.tid in chain
+                and (u.tid == sleeper or (sleeper in lineage[u.tid] and lineage[u.tid][-1] != sleeper))
+            )
         self._main = {t.tid: (t.cpu_ns, t.wait_s) for t in threads if t.main}
         self._chain = chain
         return longest
